@@ -1,0 +1,311 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_FLOAT64: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+    DTYPE_INT64: _ClassVar[DType]
+    DTYPE_BOOL: _ClassVar[DType]
+DTYPE_UNSPECIFIED: DType
+DTYPE_FLOAT64: DType
+DTYPE_FLOAT32: DType
+DTYPE_INT64: DType
+DTYPE_BOOL: DType
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class IndexItem(_message.Message):
+    __slots__ = ("index", "slice")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    slice: Slice
+    def __init__(self, index: _Optional[int] = ..., slice: _Optional[_Union[Slice, _Mapping]] = ...) -> None: ...
+
+class Slice(_message.Message):
+    __slots__ = ("start", "stop", "step")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    step: int
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class IntList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, values: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class IndexList(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[IndexItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[IndexItem, _Mapping]]] = ...) -> None: ...
+
+class AttrValue(_message.Message):
+    __slots__ = ("i", "f", "s", "b", "ints", "tensor", "index")
+    I_FIELD_NUMBER: _ClassVar[int]
+    F_FIELD_NUMBER: _ClassVar[int]
+    S_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    INTS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    i: int
+    f: float
+    s: str
+    b: bool
+    ints: IntList
+    tensor: Tensor
+    index: IndexList
+    def __init__(self, i: _Optional[int] = ..., f: _Optional[float] = ..., s: _Optional[str] = ..., b: _Optional[bool] = ..., ints: _Optional[_Union[IntList, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., index: _Optional[_Union[IndexList, _Mapping]] = ...) -> None: ...
+
+class GraphInput(_message.Message):
+    __slots__ = ("name", "shape", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: DType
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("id", "op", "inputs", "attrs")
+    class AttrsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttrValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttrValue, _Mapping]] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    ATTRS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    op: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    attrs: _containers.MessageMap[str, AttrValue]
+    def __init__(self, id: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Mapping[str, AttrValue]] = ...) -> None: ...
+
+class GraphOutput(_message.Message):
+    __slots__ = ("name", "node")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    node: str
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class Graph(_message.Message):
+    __slots__ = ("inputs", "nodes", "outputs")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[GraphInput]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    outputs: _containers.RepeatedCompositeFieldContainer[GraphOutput]
+    def __init__(self, inputs: _Optional[_Iterable[_Union[GraphInput, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[GraphOutput, _Mapping]]] = ...) -> None: ...
+
+class NodeType(_message.Message):
+    __slots__ = ("id", "shape", "dtype")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: DType
+    def __init__(self, id: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+
+class RegisterGraphRequest(_message.Message):
+    __slots__ = ("graph",)
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    graph: Graph
+    def __init__(self, graph: _Optional[_Union[Graph, _Mapping]] = ...) -> None: ...
+
+class RegisterGraphResponse(_message.Message):
+    __slots__ = ("graph_id", "created", "types")
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    created: bool
+    types: _containers.RepeatedCompositeFieldContainer[NodeType]
+    def __init__(self, graph_id: _Optional[str] = ..., created: _Optional[bool] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ...) -> None: ...
+
+class EvaluateRequest(_message.Message):
+    __slots__ = ("graph_id", "inputs", "outputs", "nodes")
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    inputs: _containers.MessageMap[str, Tensor]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EvaluateResponse(_message.Message):
+    __slots__ = ("outputs", "nodes")
+    class OutputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class NodesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.MessageMap[str, Tensor]
+    nodes: _containers.MessageMap[str, Tensor]
+    def __init__(self, outputs: _Optional[_Mapping[str, Tensor]] = ..., nodes: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+
+class GradientRequest(_message.Message):
+    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs")
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class SeedsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    WRT_FIELD_NUMBER: _ClassVar[int]
+    SEEDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    inputs: _containers.MessageMap[str, Tensor]
+    wrt: _containers.RepeatedScalarFieldContainer[str]
+    seeds: _containers.MessageMap[str, Tensor]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    return_outputs: bool
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ...) -> None: ...
+
+class GradientResponse(_message.Message):
+    __slots__ = ("gradients", "outputs")
+    class GradientsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class OutputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    gradients: _containers.MessageMap[str, Tensor]
+    outputs: _containers.MessageMap[str, Tensor]
+    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+
+class GetGraphRequest(_message.Message):
+    __slots__ = ("graph_id",)
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    def __init__(self, graph_id: _Optional[str] = ...) -> None: ...
+
+class GetGraphResponse(_message.Message):
+    __slots__ = ("graph_id", "graph", "types")
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    graph: Graph
+    types: _containers.RepeatedCompositeFieldContainer[NodeType]
+    def __init__(self, graph_id: _Optional[str] = ..., graph: _Optional[_Union[Graph, _Mapping]] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ...) -> None: ...
+
+class ListOpsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AttrSpec(_message.Message):
+    __slots__ = ("name", "kind", "required", "doc")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    DOC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    required: bool
+    doc: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., required: _Optional[bool] = ..., doc: _Optional[str] = ...) -> None: ...
+
+class DerivativeRule(_message.Message):
+    __slots__ = ("operand", "formula")
+    OPERAND_FIELD_NUMBER: _ClassVar[int]
+    FORMULA_FIELD_NUMBER: _ClassVar[int]
+    operand: str
+    formula: str
+    def __init__(self, operand: _Optional[str] = ..., formula: _Optional[str] = ...) -> None: ...
+
+class OpInfo(_message.Message):
+    __slots__ = ("name", "arity", "operands", "attrs", "kind", "expression", "derivatives", "doc")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARITY_FIELD_NUMBER: _ClassVar[int]
+    OPERANDS_FIELD_NUMBER: _ClassVar[int]
+    ATTRS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    DERIVATIVES_FIELD_NUMBER: _ClassVar[int]
+    DOC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    arity: int
+    operands: _containers.RepeatedScalarFieldContainer[str]
+    attrs: _containers.RepeatedCompositeFieldContainer[AttrSpec]
+    kind: str
+    expression: str
+    derivatives: _containers.RepeatedCompositeFieldContainer[DerivativeRule]
+    doc: str
+    def __init__(self, name: _Optional[str] = ..., arity: _Optional[int] = ..., operands: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Iterable[_Union[AttrSpec, _Mapping]]] = ..., kind: _Optional[str] = ..., expression: _Optional[str] = ..., derivatives: _Optional[_Iterable[_Union[DerivativeRule, _Mapping]]] = ..., doc: _Optional[str] = ...) -> None: ...
+
+class ListOpsResponse(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[OpInfo]
+    def __init__(self, ops: _Optional[_Iterable[_Union[OpInfo, _Mapping]]] = ...) -> None: ...
