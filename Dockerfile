@@ -1,0 +1,13 @@
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+COPY . /app
+RUN pip install .
+
+EXPOSE 50051
+CMD ["semigrad", "serve", "--host", "0.0.0.0", "--port", "50051"]

@@ -1,0 +1,64 @@
+# semigrad developer tasks. Every target that needs Python sets up .venv itself.
+PYTHON ?= python3
+VENV ?= .venv
+VENV_PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stamp
+BENCH_STAMP := $(VENV)/.stamp-bench
+
+HOST ?= 127.0.0.1
+PORT ?= 50051
+ARGS ?= --host $(HOST) --port $(PORT)
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+PROTOS := $(wildcard proto/semigrad/v1/*.proto)
+PLUGIN_PYPROJECTS := $(wildcard plugins/*/pyproject.toml)
+
+# Never prompt (CI has no TTY); keep pip quiet about its own version.
+export PIP_NO_INPUT := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DELETE_ON_ERROR:
+.DEFAULT_GOAL := test
+
+.PHONY: venv serve test proto bench clean distclean
+
+venv: $(STAMP)
+
+$(VENV_PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalls whenever pyproject.toml or a plugin's pyproject.toml changes.
+$(STAMP): pyproject.toml $(PLUGIN_PYPROJECTS) | $(VENV_PY)
+	$(VENV_PY) -m pip install --upgrade pip
+	$(VENV_PY) -m pip install -e '.[dev]'
+	for f in plugins/*/pyproject.toml; do \
+	  [ -e "$$f" ] || continue; \
+	  $(VENV_PY) -m pip install -e "$$(dirname "$$f")"; \
+	done
+	touch $@
+
+serve: venv
+	$(VENV)/bin/semigrad serve $(ARGS)
+
+test: venv
+	$(VENV_PY) -m pytest -q $(PYTEST_ARGS)
+
+proto: venv
+	$(VENV_PY) -m grpc_tools.protoc -I proto --python_out=client --grpc_python_out=client --pyi_out=client $(PROTOS)
+
+$(BENCH_STAMP): $(STAMP)
+	$(VENV_PY) -m pip install -e '.[dev,bench]'
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(VENV_PY) bench/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf build dist *.egg-info client/*.egg-info server/*.egg-info .pytest_cache .hypothesis bench/out
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
