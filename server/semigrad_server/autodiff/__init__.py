@@ -1,0 +1,6 @@
+"""Transformations graph → graph: reverse mode under a semiring."""
+
+from .context import AdjointContext, RealContext
+from .reverse import GRAD_PREFIX, SEED_PREFIX, BackwardGraph, reverse
+
+__all__ = ["AdjointContext", "RealContext", "BackwardGraph", "reverse", "GRAD_PREFIX", "SEED_PREFIX"]

@@ -1,0 +1,173 @@
+"""What an adjoint rule may emit: the semiring's operations as graph nodes.
+
+Rules in `ops` call these methods and never build arithmetic themselves, so one rule
+serves every semiring. `RealContext` emits ordinary ops (so a backward graph can be
+differentiated again); semiring contexts emit semiring ops.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import sympy as sp
+
+from ..errors import FailedPrecondition
+from ..ir import Node, Type
+from ..ops.elementwise import SYMPY_FUNCTIONS
+from .builder import GraphBuilder
+
+
+class AdjointContext:
+    commutative = True
+
+    def __init__(self, builder: GraphBuilder):
+        self.builder = builder
+
+    # -- graph access
+    def type(self, ref: str) -> Type:
+        return self.builder.types[ref]
+
+    def attrs(self, node: Node) -> dict:
+        return self.builder.attrs[node.id]
+
+    def emit(self, op: str, inputs: Sequence[str], **attrs) -> str:
+        return self.builder.emit(op, inputs, **attrs)
+
+    def const(self, value, dtype: str) -> str:
+        return self.builder.const(value, dtype)
+
+    # -- derivative formulas
+    def edge(self, partial: sp.Expr, env: dict, g: str) -> str | None:
+        """φ(partial) ⊗ g for a SymPy partial whose symbols are bound to node ids in `env`."""
+        if partial.is_number:
+            return self.edge_const(float(partial), g)
+        dtype = self.type(g).dtype
+        return self.edge_value(self.emit_sympy(partial, env, dtype), g)
+
+    def emit_sympy(self, expr: sp.Expr, env: dict, dtype: str) -> str:
+        if expr in env:
+            return env[expr]
+        if expr.is_number:
+            return self.const(float(expr), dtype)
+        emit = lambda e: self.emit_sympy(e, env, dtype)  # noqa: E731
+        if isinstance(expr, sp.Add):
+            plus, minus = [], []
+            for term in expr.args:
+                coeff, _ = term.as_coeff_Mul()
+                (minus if coeff.is_negative else plus).append(-term if coeff.is_negative else term)
+            value = self._chain("add", [emit(t) for t in plus]) if plus else self.emit("neg", [emit(minus.pop(0))])
+            for term in minus:
+                value = self.emit("sub", [value, emit(term)])
+            return value
+        if isinstance(expr, sp.Mul):
+            coeff, factors = expr.as_coeff_mul()
+            num = [f for f in factors if not _is_reciprocal(f)]
+            den = [1 / f for f in factors if _is_reciprocal(f)]
+            value = self._chain("mul", [emit(f) for f in num]) if num else None
+            if abs(coeff) != 1:
+                c = self.const(float(abs(coeff)), dtype)
+                value = self.emit("mul", [c, value]) if value else c
+            if den:
+                value = self.emit("div", [value or self.const(1.0, dtype), self._chain("mul", [emit(f) for f in den])])
+            return self.emit("neg", [value]) if coeff.is_negative else value
+        if isinstance(expr, sp.Pow):
+            base, exp = expr.args
+            if exp == 2:
+                return self.emit("square", [emit(base)])
+            if exp == sp.Rational(1, 2):
+                return self.emit("sqrt", [emit(base)])
+            if exp.is_number and exp.is_negative:
+                return self.emit("div", [self.const(1.0, dtype), emit(base ** -exp)])
+            return self.emit("pow", [emit(base), emit(exp)])
+        op = SYMPY_FUNCTIONS.get(expr.func)
+        if op is not None:
+            args = expr.args[:1] if expr.func is sp.Heaviside else expr.args
+            return self.emit(op, [emit(a) for a in args])
+        raise FailedPrecondition(f"cannot turn the derivative formula '{expr}' into graph nodes")
+
+    def _chain(self, op: str, ids: list[str]) -> str:
+        value = ids[0]
+        for other in ids[1:]:
+            value = self.emit(op, [value, other])
+        return value
+
+    # -- broadcasting
+    def unbroadcast(self, g: str, from_shape: tuple, to_shape: tuple) -> str:
+        """⊕-reduce g (shaped `from_shape`) over the axes that broadcasting added to `to_shape`."""
+        if g is None or from_shape == to_shape:
+            return g
+        extra = len(from_shape) - len(to_shape)
+        padded = (1,) * extra + tuple(to_shape)
+        axes = tuple(i for i, (f, t) in enumerate(zip(from_shape, padded)) if i < extra or (t == 1 and f != 1))
+        if axes:
+            g = self.reduce(g, axes, keepdims=True)
+        return self.emit("reshape", [g], shape=tuple(to_shape))
+
+    # -- the algebra (a semiring's operations)
+    def edge_value(self, partial: str, g: str) -> str:
+        raise NotImplementedError
+
+    def edge_const(self, c: float, g: str) -> str | None:
+        raise NotImplementedError
+
+    def lift(self, x: str) -> str:
+        raise NotImplementedError
+
+    def add(self, a: str, b: str) -> str:
+        raise NotImplementedError
+
+    def reduce(self, g: str, axes: tuple, keepdims: bool) -> str:
+        raise NotImplementedError
+
+    def matmul(self, a: str, b: str) -> str:
+        raise NotImplementedError
+
+    def scatter(self, g: str, index: tuple, shape: tuple) -> str:
+        raise NotImplementedError
+
+    def one(self, t: Type) -> str:
+        raise NotImplementedError
+
+    def seed(self, seed_input: str) -> str:
+        raise NotImplementedError
+
+
+def _is_reciprocal(factor: sp.Expr) -> bool:
+    return isinstance(factor, sp.Pow) and factor.exp.is_number and factor.exp.is_negative
+
+
+class RealContext(AdjointContext):
+    """(+, ×, 0, 1, φ = id): ordinary reverse mode, emitted as ordinary ops."""
+
+    def edge_value(self, partial, g):
+        return self.emit("mul", [partial, g])
+
+    def edge_const(self, c, g):
+        if c == 1:
+            return g
+        if c == -1:
+            return self.emit("neg", [g])
+        if c == 0:
+            return None
+        return self.emit("mul", [self.const(c, self.type(g).dtype), g])
+
+    def lift(self, x):
+        return x
+
+    def add(self, a, b):
+        return self.emit("add", [a, b])
+
+    def reduce(self, g, axes, keepdims):
+        return self.emit("sum", [g], axes=tuple(axes), keepdims=keepdims)
+
+    def matmul(self, a, b):
+        return self.emit("matmul", [a, b])
+
+    def scatter(self, g, index, shape):
+        return self.emit("scatter_index", [g], index=tuple(index), shape=tuple(shape))
+
+    def one(self, t):
+        return self.emit("broadcast_to", [self.const(1, t.dtype)], shape=t.shape)
+
+    def seed(self, seed_input):
+        return seed_input

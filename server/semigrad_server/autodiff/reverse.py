@@ -1,0 +1,86 @@
+"""Reverse mode as a graph → graph transformation, under any semiring context.
+
+For each input element the result is ⊕ over all paths to the differentiated outputs of
+the ⊗-product of lifted local partials along the path (edge first: the adjoint of a node
+is ⊕ over consumers of φ(edge) ⊗ adjoint(consumer)). Only nodes that both depend on a
+`wrt` input and feed a differentiated output are visited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..ir import Graph, Node, Type
+from .builder import GraphBuilder
+from .context import AdjointContext, RealContext
+
+SEED_PREFIX = "seed:"
+GRAD_PREFIX = "grad:"
+
+
+@dataclass
+class BackwardGraph:
+    graph: Graph
+    types: dict[str, Type]
+    gradients: dict[str, str | None]  # wrt input -> adjoint node id (None: no path, 0̄)
+    outputs: dict[str, str]  # differentiated output name -> node id
+    context: AdjointContext
+
+
+def active_nodes(graph: Graph, order: Sequence[Node], types: dict[str, Type],
+                 wrt: Sequence[str], targets: Sequence[str]) -> set[str]:
+    """Float nodes on some path from a wrt input to a target."""
+    depends = set(wrt)
+    for node in order:
+        if types[node.id].is_float and node.op != "const" and any(r in depends for r in node.inputs):
+            depends.add(node.id)
+    feeds = set(targets)
+    for node in reversed(order):
+        if node.id in feeds:
+            feeds.update(node.inputs)
+    return depends & feeds
+
+
+def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outputs: Sequence[str],
+            wrt: Sequence[str], seeded: Sequence[str] = (),
+            context: Callable[[GraphBuilder], AdjointContext] = RealContext) -> BackwardGraph:
+    """Build the backward graph. Outputs in `seeded` get their cotangent from an extra input
+    named `seed:<output>`; the others are seeded with the semiring's one."""
+    builder = GraphBuilder(graph, order, types)
+    ctx = context(builder)
+    output_nodes = {name: graph.output_map[name] for name in outputs}
+    active = active_nodes(graph, order, types, wrt, list(output_nodes.values()))
+
+    pending: dict[str, list[str]] = {}
+    for name, ref in output_nodes.items():
+        if ref not in active:
+            continue
+        t = types[ref]
+        if name in seeded:
+            seed = ctx.seed(builder.add_input(SEED_PREFIX + name, t))
+        else:
+            seed = ctx.one(t)
+        pending.setdefault(ref, []).append(seed)
+
+    for node in reversed(order):
+        if node.id not in active or node.id not in pending:
+            continue
+        g = _accumulate(ctx, pending.pop(node.id))
+        positions = [pos for pos, ref in enumerate(node.inputs) if ref in active]
+        if not positions:
+            continue
+        op = builder.ops[node.id]
+        for pos, contribution in op.vjp(ctx, node, g, positions).items():
+            if contribution is not None:
+                pending.setdefault(node.inputs[pos], []).append(contribution)
+
+    gradients = {x: _accumulate(ctx, pending[x]) if x in pending else None for x in wrt}
+    return BackwardGraph(builder.graph([]), builder.types, gradients, output_nodes, ctx)
+
+
+def _accumulate(ctx: AdjointContext, contributions: list[str]) -> str:
+    value = contributions[0]
+    for c in contributions[1:]:
+        value = ctx.add(value, c)
+    return value

@@ -1,0 +1,238 @@
+"""The engine behind the service: registers graphs and answers requests with fresh forward
+passes (never stale saved values), caching compiled plans per (graph, request shape).
+
+It knows nothing of gRPC: arrays in, arrays out, errors from `errors`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from . import ir
+from .autodiff import GRAD_PREFIX, SEED_PREFIX, RealContext, reverse
+from .errors import InvalidArgument, ResourceExhausted
+from .ir import Graph, Node, Type
+from .limits import Limits
+from .ops import REGISTRY, node_type
+from .runtime import Plan
+from .store import MemoryStore
+
+
+@dataclass
+class CompiledGraph:
+    id: str
+    graph: Graph
+    order: list[Node]
+    types: dict[str, Type]
+    attrs: dict[str, dict]
+    plans: OrderedDict = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def inputs(self) -> dict[str, ir.InputSpec]:
+        return {s.name: s for s in self.graph.inputs}
+
+
+def compile_graph(graph: Graph, limits: Limits) -> CompiledGraph:
+    """Validate a graph (structure, ops, attributes, shapes, limits) and type every node."""
+    if len(graph.nodes) > limits.max_nodes:
+        raise ResourceExhausted(f"graph has {len(graph.nodes)} nodes; the limit is {limits.max_nodes}")
+    order = ir.validate_structure(graph)
+    types = {s.name: s.type for s in graph.inputs}
+    attrs = {}
+    for spec in graph.inputs:
+        _check_size(spec.name, "input", spec.type, limits)
+    for node in order:
+        _, attrs[node.id], types[node.id] = node_type(node, [types[r] for r in node.inputs])
+        _check_size(node.id, "node", types[node.id], limits)
+    return CompiledGraph(ir.content_hash(graph), graph, order, types, attrs)
+
+
+def _check_size(ref: str, what: str, t: Type, limits: Limits) -> None:
+    if t.size > limits.max_node_elements:
+        raise ResourceExhausted(f"{what} '{ref}' has {t.size} elements (shape {list(t.shape)}); "
+                                f"the limit is {limits.max_node_elements}")
+
+
+@dataclass(frozen=True)
+class Batch:
+    arrays: dict[str, np.ndarray]
+    shape: tuple[int, ...]
+
+
+class Engine:
+    def __init__(self, limits: Limits | None = None):
+        self.limits = limits or Limits()
+        self.store: MemoryStore[CompiledGraph] = MemoryStore(self.limits.max_graphs)
+
+    # ------------------------------------------------------------ registration
+    def register(self, graph: Graph) -> tuple[CompiledGraph, bool]:
+        return self.store.put_if_absent(*_keyed(compile_graph(graph, self.limits)))
+
+    def get(self, graph_id: str) -> CompiledGraph:
+        return self.store.get(graph_id)
+
+    # ------------------------------------------------------------ requests
+    def evaluate(self, graph_id: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = (),
+                 nodes: Sequence[str] = (), deadline: float | None = None):
+        cg = self.get(graph_id)
+        names = self._output_names(cg, outputs)
+        for ref in nodes:
+            if ref not in cg.types:
+                raise InvalidArgument(f"unknown node '{ref}' requested")
+        batch = self._batch(cg, inputs)
+        key = ("evaluate", tuple(names), tuple(nodes))
+        plan = self._plan(cg, key, lambda: Plan(
+            cg.graph, cg.order, cg.types,
+            [(n, cg.graph.output_map[n]) for n in names] + [("node:" + r, r) for r in nodes], attrs=cg.attrs))
+        results = self._run(plan, batch, deadline)
+        out = {n: _full(results[n], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names}
+        node_values = {r: _full(results["node:" + r], batch.shape, cg.types[r]) for r in nodes}
+        return out, node_values
+
+    def gradient(self, graph_id: str, inputs: Mapping[str, np.ndarray], wrt: Sequence[str] = (),
+                 seeds: Mapping[str, np.ndarray] | None = None, outputs: Sequence[str] = (),
+                 return_outputs: bool = False, deadline: float | None = None):
+        cg = self.get(graph_id)
+        seeds = dict(seeds or {})
+        names = self._output_names(cg, outputs)
+        for name in names:
+            t = cg.types[cg.graph.output_map[name]]
+            if not t.is_float:
+                raise InvalidArgument(f"output '{name}' has dtype {t.dtype} and cannot be differentiated")
+        wrt = self._wrt(cg, wrt)
+        for name in seeds:
+            if name not in names:
+                raise InvalidArgument(f"seed given for '{name}', which is not a differentiated output "
+                                      f"(differentiated: {', '.join(names)})")
+        batch = self._batch(cg, inputs)
+        seeded = tuple(sorted(seeds))
+        for name in seeded:
+            batch = self._with_seed(cg, batch, name, seeds[name])
+
+        key = ("gradient", "real", tuple(names), tuple(wrt), seeded, return_outputs)
+        plan, absent = self._plan(cg, key, lambda: self._gradient_plan(cg, names, wrt, seeded, return_outputs))
+        results = self._run(plan, batch, deadline)
+        grads = {}
+        for x in wrt:
+            t = cg.types[x]
+            value = np.zeros((), dtype=t.dtype) if x in absent else results[GRAD_PREFIX + x]
+            grads[x] = _full(value, batch.shape, t)
+        values = {n: _full(results[n], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names} \
+            if return_outputs else {}
+        return grads, values
+
+    def _gradient_plan(self, cg: CompiledGraph, names, wrt, seeded, return_outputs):
+        bg = reverse(cg.graph, cg.order, cg.types, outputs=names, wrt=wrt, seeded=seeded, context=RealContext)
+        outputs = [(GRAD_PREFIX + x, ref) for x, ref in bg.gradients.items() if ref is not None]
+        if return_outputs:
+            outputs += [(n, ref) for n, ref in bg.outputs.items()]
+        plan = Plan(bg.graph, bg.graph.nodes, bg.types, outputs, attrs=bg.context.builder.attrs)
+        return plan, frozenset(x for x, ref in bg.gradients.items() if ref is None)
+
+    # ------------------------------------------------------------ helpers
+    def _plan(self, cg: CompiledGraph, key, build: Callable):
+        with cg.lock:
+            if key in cg.plans:
+                cg.plans.move_to_end(key)
+                return cg.plans[key]
+        built = build()
+        with cg.lock:
+            cg.plans[key] = built
+            while len(cg.plans) > self.limits.max_plans_per_graph:
+                cg.plans.popitem(last=False)
+        return built
+
+    def _run(self, plan: Plan, batch: Batch, deadline: float | None):
+        items = int(np.prod(batch.shape, dtype=np.int64))
+        work = items * plan.item_elements()
+        if work > self.limits.max_request_elements:
+            raise ResourceExhausted(
+                f"request would compute {work} elements ({items} batch items × {plan.item_elements()} per item); "
+                f"the limit is {self.limits.max_request_elements}: send smaller batches")
+        bound = time.monotonic() + self.limits.max_request_seconds
+        return plan.run(batch.arrays, min(deadline, bound) if deadline is not None else bound)
+
+    @staticmethod
+    def _output_names(cg: CompiledGraph, outputs: Sequence[str]) -> list[str]:
+        available = cg.graph.output_map
+        for name in outputs:
+            if name not in available:
+                raise InvalidArgument(f"unknown output '{name}' (outputs: {', '.join(available)})")
+        return list(outputs) if outputs else list(available)
+
+    @staticmethod
+    def _wrt(cg: CompiledGraph, wrt: Sequence[str]) -> list[str]:
+        specs = cg.inputs
+        for name in wrt:
+            if name not in specs:
+                raise InvalidArgument(f"wrt names unknown input '{name}' (inputs: {', '.join(specs)})")
+            if not specs[name].type.is_float:
+                raise InvalidArgument(f"wrt input '{name}' has dtype {specs[name].dtype}; only float inputs have gradients")
+        if wrt:
+            return list(dict.fromkeys(wrt))
+        chosen = [s.name for s in cg.graph.inputs if s.type.is_float]
+        if not chosen:
+            raise InvalidArgument("the graph has no float inputs to differentiate with respect to")
+        return chosen
+
+    def _batch(self, cg: CompiledGraph, inputs: Mapping[str, np.ndarray]) -> Batch:
+        specs = cg.inputs
+        for name in inputs:
+            if name not in specs:
+                raise InvalidArgument(f"unknown input '{name}' (graph inputs: {', '.join(specs) or 'none'})")
+        arrays, leads = {}, []
+        for name, spec in specs.items():
+            if name not in inputs:
+                raise InvalidArgument(f"missing input '{name}' (shape {list(spec.shape)}, {spec.dtype})")
+            a = inputs[name]
+            if a.dtype != ir.DTYPES[spec.dtype]:
+                raise InvalidArgument(f"input '{name}' has dtype {a.dtype.name}; the graph declares {spec.dtype}")
+            lead = a.ndim - len(spec.shape)
+            if lead < 0 or tuple(a.shape[lead:]) != spec.shape:
+                raise InvalidArgument(f"input '{name}' has shape {list(a.shape)}, which does not end with "
+                                      f"the declared shape {list(spec.shape)}")
+            arrays[name] = a
+            leads.append((name, a.shape[:lead]))
+        try:
+            shape = tuple(np.broadcast_shapes(*(lead for _, lead in leads))) if leads else ()
+        except ValueError:
+            described = ", ".join(f"{n}: {list(s)}" for n, s in leads)
+            raise InvalidArgument(f"batch dimensions of the inputs do not broadcast ({described})") from None
+        items = int(np.prod(shape, dtype=np.int64))
+        if items > self.limits.max_batch:
+            raise ResourceExhausted(f"batch of {items} items; the limit is {self.limits.max_batch}")
+        return Batch(arrays, shape)
+
+    @staticmethod
+    def _with_seed(cg: CompiledGraph, batch: Batch, name: str, seed: np.ndarray) -> Batch:
+        t = cg.types[cg.graph.output_map[name]]
+        lead = seed.ndim - t.rank
+        if seed.dtype.kind != "f" or lead < 0 or tuple(seed.shape[lead:]) != t.shape:
+            raise InvalidArgument(f"seed for output '{name}' must be a float tensor whose shape ends with "
+                                  f"{list(t.shape)}; got {seed.dtype.name} {list(seed.shape)}")
+        try:
+            shape = tuple(np.broadcast_shapes(seed.shape[:lead], batch.shape))
+        except ValueError:
+            raise InvalidArgument(f"seed for output '{name}' has batch dimensions {list(seed.shape[:lead])}, "
+                                  f"which do not broadcast with the inputs' {list(batch.shape)}") from None
+        return Batch({**batch.arrays, SEED_PREFIX + name: seed.astype(t.dtype, copy=False)}, shape)
+
+
+def _keyed(cg: CompiledGraph) -> tuple[str, CompiledGraph]:
+    return cg.id, cg
+
+
+def _full(value: np.ndarray, batch_shape: tuple, t: Type) -> np.ndarray:
+    """A result with the request's full batch shape, in its declared dtype."""
+    value = np.asarray(value)
+    if value.dtype != ir.DTYPES[t.dtype]:
+        value = value.astype(t.dtype)
+    target = tuple(batch_shape) + t.shape
+    return value if value.shape == target else np.broadcast_to(value, target)

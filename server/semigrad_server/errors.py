@@ -1,0 +1,39 @@
+"""Errors raised below the service layer; the service maps each class to a gRPC status."""
+
+
+class SemigradError(Exception):
+    """Base class. `status` names the gRPC status code the service returns."""
+
+    status = "INTERNAL"
+
+
+class InvalidArgument(SemigradError):
+    status = "INVALID_ARGUMENT"
+
+
+class NotFound(SemigradError):
+    status = "NOT_FOUND"
+
+
+class FailedPrecondition(SemigradError):
+    status = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(SemigradError):
+    status = "RESOURCE_EXHAUSTED"
+
+
+class DeadlineExceeded(SemigradError):
+    status = "DEADLINE_EXCEEDED"
+
+
+class Cancelled(SemigradError):
+    status = "CANCELLED"
+
+
+class GraphError(InvalidArgument):
+    """A graph is malformed; the message names the node at fault."""
+
+    def __init__(self, node_id: str, message: str):
+        super().__init__(f"node '{node_id}': {message}")
+        self.node_id = node_id

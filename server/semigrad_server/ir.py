@@ -1,0 +1,202 @@
+"""The graph IR: inputs, nodes, outputs; structural validation; canonical form and content hash.
+
+A value's *type* is its per-item shape and dtype. At run time an array may carry extra
+leading dimensions (batch dimensions, and the carrier of a tuple-valued semiring is a
+tuple of arrays): every op works on the trailing axes given by its type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from .errors import GraphError, InvalidArgument
+
+DTYPES: dict[str, np.dtype] = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "int64": np.dtype(np.int64),
+    "bool": np.dtype(np.bool_),
+}
+FLOAT_DTYPES = frozenset({"float64", "float32"})
+
+Shape = tuple[int, ...]
+# An index item is an int or a slice; an index is a tuple of items (basic indexing only).
+Index = tuple
+
+
+@dataclass(frozen=True)
+class Type:
+    shape: Shape
+    dtype: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: Shape
+    dtype: str = "float64"
+
+    @property
+    def type(self) -> Type:
+        return Type(self.shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    op: str
+    inputs: tuple[str, ...] = ()
+    # Attribute values: int, float, str, bool, tuple of ints, np.ndarray, or an Index.
+    attrs: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Graph:
+    inputs: tuple[InputSpec, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[tuple[str, str], ...]  # (output name, node or input id)
+
+    def node_map(self) -> dict[str, Node]:
+        return {n.id: n for n in self.nodes}
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    @property
+    def output_map(self) -> dict[str, str]:
+        return dict(self.outputs)
+
+
+def validate_structure(graph: Graph) -> list[Node]:
+    """Check ids, references and acyclicity; return the nodes in topological order."""
+    seen: set[str] = set()
+    for spec in graph.inputs:
+        _check_id(spec.name, "input")
+        if spec.name in seen:
+            raise InvalidArgument(f"input '{spec.name}': duplicate input name")
+        if spec.dtype not in DTYPES:
+            raise InvalidArgument(
+                f"input '{spec.name}': unsupported dtype '{spec.dtype}' (supported: {', '.join(DTYPES)})")
+        if any(d < 0 for d in spec.shape):
+            raise InvalidArgument(f"input '{spec.name}': negative dimension in shape {list(spec.shape)}")
+        seen.add(spec.name)
+    for node in graph.nodes:
+        _check_id(node.id, "node")
+        if node.id in seen:
+            kind = "an input" if node.id in graph.input_names else "another node"
+            raise GraphError(node.id, f"duplicate id (already used by {kind})")
+        seen.add(node.id)
+    for node in graph.nodes:
+        for ref in node.inputs:
+            if ref not in seen:
+                raise GraphError(node.id, f"refers to unknown node or input '{ref}'")
+    if not graph.outputs:
+        raise InvalidArgument("graph has no outputs")
+    names: set[str] = set()
+    for name, ref in graph.outputs:
+        _check_id(name, "output")
+        if name in names:
+            raise InvalidArgument(f"output '{name}': duplicate output name")
+        names.add(name)
+        if ref not in seen:
+            raise InvalidArgument(f"output '{name}': refers to unknown node or input '{ref}'")
+    return topological_order(graph)
+
+
+def topological_order(graph: Graph) -> list[Node]:
+    """Kahn's algorithm; ties go to the earlier node, so an ordered graph keeps its order."""
+    nodes = graph.node_map()
+    position = {n.id: i for i, n in enumerate(graph.nodes)}
+    indegree = {n.id: sum(1 for r in n.inputs if r in nodes) for n in graph.nodes}
+    consumers: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
+    for n in graph.nodes:
+        for r in n.inputs:
+            if r in nodes:
+                consumers[r].append(n.id)
+    ready = [(position[nid], nid) for nid, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[Node] = []
+    while ready:
+        _, nid = heapq.heappop(ready)
+        order.append(nodes[nid])
+        for c in consumers[nid]:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                heapq.heappush(ready, (position[c], c))
+    if len(order) != len(nodes):
+        stuck = sorted(nid for nid, d in indegree.items() if d > 0)
+        raise GraphError(stuck[0], f"is part of a cycle (nodes on or after cycles: {', '.join(stuck[:10])})")
+    return order
+
+
+def _check_id(value: str, what: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} with an empty name or id")
+    if len(value) > 256:
+        raise InvalidArgument(f"{what} '{value[:40]}...': name longer than 256 characters")
+
+
+# ---------------------------------------------------------------------------
+# Canonical form and content hash
+
+
+def canonical_attr(value: object) -> object:
+    if isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(value)
+        return {"tensor": [str(arr.dtype), list(arr.shape), hashlib.sha256(arr.astype(arr.dtype.newbyteorder("<")).tobytes()).hexdigest()]}
+    if isinstance(value, slice):
+        return {"slice": [value.start, value.stop, value.step]}
+    if isinstance(value, (tuple, list)):
+        return [canonical_attr(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return {"b": bool(value)}
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return {"f": float(value).hex()}
+    return value
+
+
+def canonical_form(graph: Graph) -> str:
+    """A JSON text that is equal for graphs equal up to the order of inputs, nodes and outputs."""
+    doc = {
+        "inputs": sorted([i.name, list(i.shape), i.dtype] for i in graph.inputs),
+        "nodes": sorted(
+            [n.id, n.op, list(n.inputs), {k: canonical_attr(v) for k, v in sorted(n.attrs.items())}]
+            for n in graph.nodes
+        ),
+        "outputs": sorted([name, ref] for name, ref in graph.outputs),
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def content_hash(graph: Graph) -> str:
+    return "g" + hashlib.sha256(canonical_form(graph).encode()).hexdigest()[:32]
+
+
+def consumers_of(nodes: Iterable[Node]) -> dict[str, list[tuple[str, int]]]:
+    """id -> list of (consumer node id, operand position)."""
+    result: dict[str, list[tuple[str, int]]] = {}
+    for n in nodes:
+        for pos, ref in enumerate(n.inputs):
+            result.setdefault(ref, []).append((n.id, pos))
+    return result

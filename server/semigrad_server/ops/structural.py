@@ -1,0 +1,480 @@
+"""Structural ops: everything about each one (shape rule, kernel, adjoint) in one place.
+
+Adjoint rules speak the semiring's language through `ctx` (see autodiff.context):
+`ctx.edge_const(c, g)` is φ(c) ⊗ g, `ctx.reduce` is a ⊕-reduce, `ctx.matmul` a semiring
+matmul, `ctx.scatter` writes into an array of 0̄. With the real semiring they become
+ordinary ops, so a backward graph can itself be differentiated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import GraphError
+from ..ir import Type
+from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, normalize_axis
+
+AXES = (AttrSpec("axes", "ints", doc="axes to reduce; absent: all"), AttrSpec("keepdims", "bool", default=False))
+
+
+def _lead(a: np.ndarray, rank: int) -> int:
+    return a.ndim - rank
+
+
+def full_index(index: tuple, rank: int) -> tuple:
+    """Index over the item axes only, whatever leading axes the array has."""
+    return (Ellipsis,) + tuple(index) + (slice(None),) * (rank - len(index))
+
+
+# ---------------------------------------------------------------- const
+
+
+def _const_infer(node, in_types, attrs):
+    value = attrs["value"]
+    return Type(tuple(value.shape), value.dtype.name)
+
+
+def _const_kernel(attrs, in_types, out_type):
+    value = attrs["value"]
+    value.setflags(write=False)
+    return lambda: value
+
+
+# ---------------------------------------------------------------- comparisons and where
+
+COMPARISONS = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+               "eq": np.equal, "ne": np.not_equal}
+
+
+def _comparison_infer(node, in_types, attrs):
+    return Type(broadcast_item_shapes(node, [t.shape for t in in_types]), "bool")
+
+
+def _where_infer(node, in_types, attrs):
+    if in_types[0].dtype != "bool":
+        raise GraphError(node.id, f"where's condition must be bool, got {in_types[0].dtype}")
+    dtype = np.result_type(np.dtype(in_types[1].dtype), np.dtype(in_types[2].dtype)).name
+    return Type(broadcast_item_shapes(node, [t.shape for t in in_types]), dtype)
+
+
+def _elementwise(fn):
+    from .elementwise import elementwise_kernel
+
+    return lambda attrs, in_types, out_type: elementwise_kernel(fn, in_types, out_type)
+
+
+def _where_vjp(ctx, node, g, positions):
+    cond = node.inputs[0]
+    dtype = ctx.type(node.id).dtype
+    one, zero = ctx.const(1, dtype), ctx.const(0, dtype)
+    out = {}
+    for pos in positions:
+        if pos == 0:
+            out[pos] = None
+            continue
+        partial = ctx.emit("where", [cond, one, zero] if pos == 1 else [cond, zero, one])
+        out[pos] = ctx.unbroadcast(ctx.edge_value(partial, g), ctx.type(node.id).shape, ctx.type(node.inputs[pos]).shape)
+    return out
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _reduce_axes(node, attrs, rank):
+    axes = attrs["axes"]
+    if axes is None:
+        return tuple(range(rank))
+    norm = tuple(sorted(normalize_axis(node, a, rank) for a in axes))
+    if len(set(norm)) != len(norm):
+        raise GraphError(node.id, f"repeated axis in {list(axes)}")
+    return norm
+
+
+def _reduce_infer(node, in_types, attrs):
+    (t,) = in_types
+    axes = _reduce_axes(node, attrs, t.rank)
+    if node.op == "max" and any(t.shape[a] == 0 for a in axes):
+        raise GraphError(node.id, "max over an empty axis")
+    if attrs["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(t.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(t.shape) if i not in axes)
+    dtype = "float64" if node.op == "mean" and not in_types[0].is_float else t.dtype
+    return Type(shape, dtype)
+
+
+def _reduce_kernel(fn):
+    def make(attrs, in_types, out_type):
+        rank = in_types[0].rank
+        axes = tuple(a % rank - rank for a in (attrs["axes"] if attrs["axes"] is not None else range(rank)))
+        keepdims = attrs["keepdims"]
+        return lambda a: fn(a, axis=axes, keepdims=keepdims)
+
+    return make
+
+
+def _keepdims_shape(node, ctx):
+    t = ctx.type(node.inputs[0])
+    axes = _reduce_axes(node, ctx.attrs(node), t.rank)
+    return tuple(1 if i in axes else d for i, d in enumerate(t.shape)), t
+
+
+def _expand_adjoint(ctx, node, g):
+    """Bring a reduction's adjoint back to the input's shape (a broadcast: each input element has one edge)."""
+    kshape, t = _keepdims_shape(node, ctx)
+    return ctx.emit("broadcast_to", [ctx.emit("reshape", [g], shape=kshape)], shape=t.shape)
+
+
+def _sum_vjp(ctx, node, g, positions):
+    return {0: ctx.edge_const(1, _expand_adjoint(ctx, node, g))}
+
+
+def _mean_vjp(ctx, node, g, positions):
+    kshape, t = _keepdims_shape(node, ctx)
+    n = t.size // max(1, int(np.prod(kshape)))
+    return {0: ctx.edge_const(1.0 / n if n else 0.0, _expand_adjoint(ctx, node, g))}
+
+
+def _max_vjp(ctx, node, g, positions):
+    """∂max/∂x_i = 1 where x_i is the max, split evenly between ties (as JAX and PyTorch's amax)."""
+    kshape, t = _keepdims_shape(node, ctx)
+    x = node.inputs[0]
+    attrs = ctx.attrs(node)
+    top = ctx.emit("max", [x], axes=attrs["axes"], keepdims=True)
+    hit = ctx.emit("eq", [x, top])
+    mask = ctx.emit("where", [hit, ctx.const(1, t.dtype), ctx.const(0, t.dtype)])
+    count = ctx.emit("sum", [mask], axes=attrs["axes"], keepdims=True)
+    partial = ctx.emit("div", [mask, count])
+    return {0: ctx.edge_value(partial, _expand_adjoint(ctx, node, g))}
+
+
+# ---------------------------------------------------------------- shape ops
+
+
+def _reshape_target(node, t, shape):
+    shape = tuple(int(d) for d in shape)
+    unknown = [i for i, d in enumerate(shape) if d == -1]
+    if len(unknown) > 1 or any(d < -1 for d in shape):
+        raise GraphError(node.id, f"bad reshape target {list(shape)}")
+    if unknown:
+        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        if known == 0 or t.size % known:
+            raise GraphError(node.id, f"cannot reshape {list(t.shape)} into {list(shape)}")
+        shape = tuple(t.size // known if d == -1 else d for d in shape)
+    if int(np.prod(shape, dtype=np.int64)) != t.size:
+        raise GraphError(node.id, f"cannot reshape {list(t.shape)} ({t.size} elements) into {list(shape)}")
+    return shape
+
+
+def _reshape_infer(node, in_types, attrs):
+    return Type(_reshape_target(node, in_types[0], attrs["shape"]), in_types[0].dtype)
+
+
+def _reshape_kernel(attrs, in_types, out_type):
+    rank, shape = in_types[0].rank, out_type.shape
+    return lambda a: a.reshape(a.shape[: a.ndim - rank] + shape)
+
+
+def _reshape_vjp(ctx, node, g, positions):
+    return {0: ctx.edge_const(1, ctx.emit("reshape", [g], shape=ctx.type(node.inputs[0]).shape))}
+
+
+def _perm(node, attrs, rank):
+    perm = attrs["perm"]
+    if perm is None:
+        return tuple(reversed(range(rank)))
+    norm = tuple(normalize_axis(node, p, rank) for p in perm)
+    if sorted(norm) != list(range(rank)):
+        raise GraphError(node.id, f"perm {list(perm)} is not a permutation of {rank} axes")
+    return norm
+
+
+def _transpose_infer(node, in_types, attrs):
+    t = in_types[0]
+    return Type(tuple(t.shape[p] for p in _perm(node, attrs, t.rank)), t.dtype)
+
+
+def _transpose_kernel(attrs, in_types, out_type):
+    rank = in_types[0].rank
+    perm = tuple(reversed(range(rank))) if attrs["perm"] is None else tuple(p % rank for p in attrs["perm"])
+
+    def transpose(a):
+        lead = a.ndim - rank
+        return a.transpose(tuple(range(lead)) + tuple(lead + p for p in perm))
+
+    return transpose
+
+
+def _transpose_vjp(ctx, node, g, positions):
+    perm = _perm(node, ctx.attrs(node), ctx.type(node.inputs[0]).rank)
+    return {0: ctx.edge_const(1, ctx.emit("transpose", [g], perm=tuple(int(i) for i in np.argsort(perm))))}
+
+
+def _broadcast_infer(node, in_types, attrs):
+    shape = tuple(int(d) for d in attrs["shape"])
+    t = in_types[0]
+    try:
+        ok = np.broadcast_shapes(t.shape, shape) == shape and len(shape) >= t.rank
+    except ValueError:
+        ok = False
+    if not ok:
+        raise GraphError(node.id, f"cannot broadcast {list(t.shape)} to {list(shape)}")
+    return Type(shape, t.dtype)
+
+
+def _broadcast_kernel(attrs, in_types, out_type):
+    rank, out_rank, shape = in_types[0].rank, out_type.rank, out_type.shape
+
+    def broadcast(a):
+        lead = a.shape[: a.ndim - rank]
+        return np.broadcast_to(align(a, rank, out_rank), lead + shape)
+
+    return broadcast
+
+
+def _broadcast_vjp(ctx, node, g, positions):
+    reduced = ctx.unbroadcast(g, ctx.type(node.id).shape, ctx.type(node.inputs[0]).shape)
+    return {0: ctx.edge_const(1, reduced)}
+
+
+# ---------------------------------------------------------------- indexing
+
+
+def _index_infer(node, in_types, attrs):
+    t = in_types[0]
+    index = attrs["index"]
+    if len(index) > t.rank:
+        raise GraphError(node.id, f"too many indices ({len(index)}) for shape {list(t.shape)}")
+    for item in index:
+        if isinstance(item, slice) and item.step == 0:
+            raise GraphError(node.id, "slice step cannot be zero")
+    try:
+        view = np.broadcast_to(np.empty((), dtype=t.dtype), t.shape)[tuple(index)]
+    except IndexError as e:
+        raise GraphError(node.id, f"index {format_index(index)} out of range for shape {list(t.shape)}: {e}") from None
+    return Type(tuple(view.shape), t.dtype)
+
+
+def _index_kernel(attrs, in_types, out_type):
+    key = full_index(attrs["index"], in_types[0].rank)
+    return lambda a: a[key]
+
+
+def _index_vjp(ctx, node, g, positions):
+    t = ctx.type(node.inputs[0])
+    return {0: ctx.edge_const(1, ctx.scatter(g, ctx.attrs(node)["index"], t.shape))}
+
+
+def _scatter_infer(node, in_types, attrs):
+    shape = tuple(int(d) for d in attrs["shape"])
+    target = _index_infer(node, [Type(shape, in_types[0].dtype)], attrs)
+    if np.broadcast_shapes(target.shape, in_types[0].shape) != target.shape:
+        raise GraphError(node.id, f"cannot scatter {list(in_types[0].shape)} into {list(target.shape)}")
+    return Type(shape, in_types[0].dtype)
+
+
+def _scatter_kernel(attrs, in_types, out_type):
+    key = full_index(attrs["index"], out_type.rank)
+    rank, shape = in_types[0].rank, out_type.shape
+
+    def scatter(g):
+        out = np.zeros(g.shape[: g.ndim - rank] + shape, dtype=g.dtype)
+        out[key] = g
+        return out
+
+    return scatter
+
+
+def _scatter_vjp(ctx, node, g, positions):
+    return {0: ctx.edge_const(1, ctx.emit("index", [g], index=ctx.attrs(node)["index"]))}
+
+
+def format_index(index) -> str:
+    def item(i):
+        if isinstance(i, slice):
+            return ":".join("" if v is None else str(v) for v in (i.start, i.stop, i.step)).rstrip(":") or ":"
+        return str(i)
+
+    return "[" + ", ".join(item(i) for i in index) + "]"
+
+
+# ---------------------------------------------------------------- concat and stack
+
+
+def _join_infer(node, in_types, attrs):
+    first = in_types[0]
+    dtype = np.result_type(*(np.dtype(t.dtype) for t in in_types)).name
+    if node.op == "stack":
+        axis = normalize_axis(node, attrs["axis"], first.rank + 1)
+        for i, t in enumerate(in_types):
+            if t.shape != first.shape:
+                raise GraphError(node.id, f"stack input {i} has shape {list(t.shape)}, input 0 has {list(first.shape)}")
+        return Type(first.shape[:axis] + (len(in_types),) + first.shape[axis:], dtype)
+    if first.rank == 0:
+        raise GraphError(node.id, "cannot concatenate 0-d values")
+    axis = normalize_axis(node, attrs["axis"], first.rank)
+    for i, t in enumerate(in_types):
+        if t.rank != first.rank or t.shape[:axis] + t.shape[axis + 1:] != first.shape[:axis] + first.shape[axis + 1:]:
+            raise GraphError(node.id, f"concat input {i} has shape {list(t.shape)}, which does not match "
+                                      f"{list(first.shape)} outside axis {axis}")
+    size = sum(t.shape[axis] for t in in_types)
+    return Type(first.shape[:axis] + (size,) + first.shape[axis + 1:], dtype)
+
+
+def _join_kernel(fn):
+    def make(attrs, in_types, out_type):
+        rank = in_types[0].rank
+        axis = attrs["axis"] % (rank + (fn is np.stack)) - (rank + (fn is np.stack))
+
+        def join(*arrays):
+            leads = {a.shape[: a.ndim - rank] for a in arrays}
+            if len(leads) > 1:
+                lead = np.broadcast_shapes(*leads)
+                arrays = [np.broadcast_to(a, lead + a.shape[a.ndim - rank:]) for a in arrays]
+            return fn(arrays, axis=axis)
+
+        return join
+
+    return make
+
+
+def _concat_vjp(ctx, node, g, positions):
+    rank = ctx.type(node.id).rank
+    axis = normalize_axis(node, ctx.attrs(node)["axis"], rank)
+    out, start = {}, 0
+    for pos, ref in enumerate(node.inputs):
+        size = ctx.type(ref).shape[axis]
+        if pos in positions:
+            index = (slice(None),) * axis + (slice(start, start + size),)
+            out[pos] = ctx.edge_const(1, ctx.emit("index", [g], index=index))
+        start += size
+    return out
+
+
+def _stack_vjp(ctx, node, g, positions):
+    axis = normalize_axis(node, ctx.attrs(node)["axis"], ctx.type(node.id).rank)
+    return {pos: ctx.edge_const(1, ctx.emit("index", [g], index=(slice(None),) * axis + (pos,))) for pos in positions}
+
+
+# ---------------------------------------------------------------- matmul
+
+
+def _matmul_infer(node, in_types, attrs):
+    a, b = in_types
+    if a.rank == 0 or b.rank == 0:
+        raise GraphError(node.id, "matmul operands must have at least one dimension")
+    a2 = (1,) + a.shape if a.rank == 1 else a.shape
+    b2 = b.shape + (1,) if b.rank == 1 else b.shape
+    if a2[-1] != b2[-2]:
+        raise GraphError(node.id, f"matmul shapes {list(a.shape)} and {list(b.shape)}: inner dimensions "
+                                  f"{a2[-1]} and {b2[-2]} differ")
+    batch = broadcast_item_shapes(node, [a2[:-2], b2[:-2]])
+    shape = batch + ((a2[-2],) if a.rank > 1 else ()) + ((b2[-1],) if b.rank > 1 else ())
+    return Type(shape, np.result_type(np.dtype(a.dtype), np.dtype(b.dtype)).name)
+
+
+def _matmul_kernel(attrs, in_types, out_type):
+    ra, rb = in_types[0].rank, in_types[1].rank
+    ra2, rb2 = max(ra, 2), max(rb, 2)
+    r2 = max(ra2, rb2)
+
+    def as_matrix(x, rank, vector_axis):
+        if rank == 1:
+            x = np.expand_dims(x, vector_axis)
+        return align(x, max(rank, 2), r2)
+
+    if ra >= 2 and rb >= 2 and ra == rb:
+        return np.matmul
+
+    def matmul(a, b):
+        out = np.matmul(as_matrix(a, ra, -2), as_matrix(b, rb, -1))
+        if rb == 1:
+            out = out[..., 0]
+        if ra == 1:
+            out = out[..., 0, :] if rb > 1 else out[..., 0]
+        return out
+
+    return matmul
+
+
+def _swap_last(ctx, x):
+    rank = ctx.type(x).rank
+    return ctx.emit("transpose", [x], perm=tuple(range(rank - 2)) + (rank - 1, rank - 2))
+
+
+def _matmul_vjp(ctx, node, g, positions):
+    a, b = node.inputs
+    ta, tb, tout = ctx.type(a), ctx.type(b), ctx.type(node.id)
+    a2 = ctx.emit("reshape", [a], shape=(1,) + ta.shape) if ta.rank == 1 else a
+    b2 = ctx.emit("reshape", [b], shape=tb.shape + (1,)) if tb.rank == 1 else b
+    g_shape = tout.shape
+    if ta.rank == 1:
+        g_shape = g_shape[:-1] + (1, g_shape[-1]) if tb.rank > 1 else g_shape + (1,)
+    if tb.rank == 1:
+        g_shape = g_shape + (1,)
+    g2 = ctx.emit("reshape", [g], shape=g_shape) if g_shape != tout.shape else g
+    out = {}
+    if 0 in positions:
+        lb = ctx.lift(b2)
+        if ctx.commutative:
+            da = ctx.matmul(g2, _swap_last(ctx, lb))
+        else:
+            da = _swap_last(ctx, ctx.matmul(lb, _swap_last(ctx, g2)))
+        da = ctx.unbroadcast(da, ctx.type(da).shape, ctx.type(a2).shape)
+        out[0] = ctx.emit("reshape", [da], shape=ta.shape) if ta.rank == 1 else da
+    if 1 in positions:
+        db = ctx.matmul(_swap_last(ctx, ctx.lift(a2)), g2)
+        db = ctx.unbroadcast(db, ctx.type(db).shape, ctx.type(b2).shape)
+        out[1] = ctx.emit("reshape", [db], shape=tb.shape) if tb.rank == 1 else db
+    return out
+
+
+# ---------------------------------------------------------------- registration
+
+
+def register(registry: Registry) -> None:
+    add = registry.add
+    add(OpDef("const", "source", (), _const_infer, _const_kernel, vjp=lambda *a: {},
+              attrs=(AttrSpec("value", "tensor", required=True),), doc="a constant tensor"))
+    for name, fn in COMPARISONS.items():
+        add(OpDef(name, "comparison", ("x", "y"), _comparison_infer, _elementwise(fn),
+                  vjp=lambda ctx, node, g, positions: dict.fromkeys(positions),
+                  derivatives=(("x", "0 (no gradient through comparisons)"), ("y", "0")),
+                  doc=f"elementwise {fn.__name__}, a bool result"))
+    add(OpDef("where", "elementwise", ("cond", "a", "b"), _where_infer, _elementwise(np.where), vjp=_where_vjp,
+              derivatives=(("cond", "0 (no gradient through the condition)"), ("a", "where(cond, 1, 0)"),
+                           ("b", "where(cond, 0, 1)")),
+              doc="a where cond else b"))
+    for name, fn, rule in (("sum", np.sum, "1 for every summed element"),
+                           ("mean", np.mean, "1/n for every averaged element"),
+                           ("max", np.max, "1 at the maximum (ties share it evenly), 0 elsewhere")):
+        add(OpDef(name, "reduction", ("x",), _reduce_infer, _reduce_kernel(fn),
+                  vjp={"sum": _sum_vjp, "mean": _mean_vjp, "max": _max_vjp}[name], attrs=AXES,
+                  derivatives=(("x", rule),), doc=f"{name} over axes"))
+    add(OpDef("reshape", "structural", ("x",), _reshape_infer, _reshape_kernel, vjp=_reshape_vjp,
+              attrs=(AttrSpec("shape", "ints", required=True),), derivatives=(("x", "reshape of the adjoint"),),
+              doc="same elements, new shape (one -1 allowed)"))
+    add(OpDef("transpose", "structural", ("x",), _transpose_infer, _transpose_kernel, vjp=_transpose_vjp,
+              attrs=(AttrSpec("perm", "ints", doc="absent: reversed axes"),),
+              derivatives=(("x", "adjoint transposed by the inverse permutation"),), doc="permute axes"))
+    add(OpDef("broadcast_to", "structural", ("x",), _broadcast_infer, _broadcast_kernel, vjp=_broadcast_vjp,
+              attrs=(AttrSpec("shape", "ints", required=True),),
+              derivatives=(("x", "⊕-reduce of the adjoint over the broadcast axes"),),
+              doc="NumPy broadcasting to a shape"))
+    add(OpDef("index", "structural", ("x",), _index_infer, _index_kernel, vjp=_index_vjp,
+              attrs=(AttrSpec("index", "index", required=True),),
+              derivatives=(("x", "adjoint scattered into 0̄ at the indexed positions"),),
+              doc="basic indexing: ints, slices (negative indices and steps allowed)"))
+    add(OpDef("scatter_index", "structural", ("x",), _scatter_infer, _scatter_kernel, vjp=_scatter_vjp,
+              attrs=(AttrSpec("index", "index", required=True), AttrSpec("shape", "ints", required=True)),
+              derivatives=(("x", "index of the adjoint"),), internal=True,
+              doc="zeros of `shape` with x written at `index` (the adjoint of index)"))
+    add(OpDef("concat", "structural", ("x",), _join_infer, _join_kernel(np.concatenate), vjp=_concat_vjp,
+              variadic=True, attrs=(AttrSpec("axis", "int", default=0),),
+              derivatives=(("x", "the adjoint's slice for each input"),), doc="join along an existing axis"))
+    add(OpDef("stack", "structural", ("x",), _join_infer, _join_kernel(np.stack), vjp=_stack_vjp,
+              variadic=True, attrs=(AttrSpec("axis", "int", default=0),),
+              derivatives=(("x", "the adjoint's slice for each input"),), doc="join along a new axis"))
+    add(OpDef("matmul", "linalg", ("a", "b"), _matmul_infer, _matmul_kernel, vjp=_matmul_vjp,
+              derivatives=(("a", "g ⊗ bᵀ (semiring matmul)"), ("b", "aᵀ ⊗ g (semiring matmul)")),
+              doc="NumPy matmul: 1-D operands promoted, batch dimensions broadcast"))

@@ -1,0 +1,39 @@
+"""SymPy functions for ops that SymPy lacks, with derivatives written in stable forms.
+
+`sigmoid'` is `sigmoid*(1-sigmoid)` rather than SymPy's `exp(-x)/(1+exp(-x))**2`, which
+overflows; `softplus' = sigmoid`. Printing them gives the op names, so formulas read
+back as the ops a client can send.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+
+class sigmoid(sp.Function):
+    def fdiff(self, argindex=1):
+        s = sigmoid(self.args[0])
+        return s * (1 - s)
+
+
+class softplus(sp.Function):
+    def fdiff(self, argindex=1):
+        return sigmoid(self.args[0])
+
+
+class relu(sp.Function):
+    def fdiff(self, argindex=1):
+        return sp.Heaviside(self.args[0])
+
+
+class log1p(sp.Function):
+    def fdiff(self, argindex=1):
+        return 1 / (1 + self.args[0])
+
+
+class expm1(sp.Function):
+    def fdiff(self, argindex=1):
+        return sp.exp(self.args[0])
+
+
+X, Y = sp.symbols("x y", real=True)

@@ -1,0 +1,94 @@
+"""Wire messages ↔ IR and arrays. Tensor encoding is the client's codec (one place)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from semigrad import codec
+from semigrad.v1 import semigrad_pb2 as pb
+
+from ..errors import InvalidArgument
+from ..ir import Graph, InputSpec, Node, Type
+from ..ops.base import OpDef
+
+
+def tensor_to_array(tensor: pb.Tensor, what: str) -> np.ndarray:
+    try:
+        return codec.from_tensor(tensor)
+    except ValueError as e:
+        raise InvalidArgument(f"{what}: {e}") from None
+
+
+def tensors_to_arrays(tensors: Mapping[str, pb.Tensor], what: str) -> dict[str, np.ndarray]:
+    return {name: tensor_to_array(t, f"{what} '{name}'") for name, t in tensors.items()}
+
+
+def arrays_to_tensors(arrays: Mapping[str, np.ndarray]) -> dict[str, pb.Tensor]:
+    return {name: codec.to_tensor(a) for name, a in arrays.items()}
+
+
+def _attr(node_id: str, key: str, value: pb.AttrValue) -> object:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        raise InvalidArgument(f"node '{node_id}': attribute '{key}' has no value")
+    if kind == "ints":
+        return tuple(value.ints.values)
+    if kind == "tensor":
+        return np.array(tensor_to_array(value.tensor, f"node '{node_id}': attribute '{key}'"))
+    if kind == "index":
+        items = []
+        for item in value.index.items:
+            which = item.WhichOneof("item")
+            if which == "index":
+                items.append(item.index)
+            elif which == "slice":
+                s = item.slice
+                items.append(slice(s.start if s.HasField("start") else None, s.stop if s.HasField("stop") else None,
+                                   s.step if s.HasField("step") else None))
+            else:
+                raise InvalidArgument(f"node '{node_id}': attribute '{key}' has an empty index item")
+        return tuple(items)
+    return getattr(value, kind)
+
+
+def graph_from_proto(message: pb.Graph) -> Graph:
+    inputs = []
+    for i in message.inputs:
+        try:
+            dtype = codec.dtype_from_proto(i.dtype) if i.dtype != pb.DTYPE_UNSPECIFIED else "float64"
+        except ValueError:
+            raise InvalidArgument(f"input '{i.name}': unsupported dtype {i.dtype}") from None
+        inputs.append(InputSpec(i.name, tuple(i.shape), dtype))
+    nodes = tuple(Node(n.id, n.op, tuple(n.inputs), {k: _attr(n.id, k, v) for k, v in n.attrs.items()})
+                  for n in message.nodes)
+    return Graph(tuple(inputs), nodes, tuple((o.name, o.node) for o in message.outputs))
+
+
+def _attr_to_proto(value: object) -> pb.AttrValue:
+    if isinstance(value, tuple) and any(isinstance(v, slice) for v in value):
+        return pb.AttrValue(index=codec.index_list(value))
+    return codec.attr_value(value)
+
+
+def graph_to_proto(graph: Graph) -> pb.Graph:
+    return pb.Graph(
+        inputs=[pb.GraphInput(name=i.name, shape=i.shape, dtype=codec.dtype_to_proto(i.dtype)) for i in graph.inputs],
+        nodes=[pb.Node(id=n.id, op=n.op, inputs=n.inputs, attrs={k: _attr_to_proto(v) for k, v in n.attrs.items()})
+               for n in graph.nodes],
+        outputs=[pb.GraphOutput(name=name, node=ref) for name, ref in graph.outputs],
+    )
+
+
+def node_types(types: Mapping[str, Type]) -> list[pb.NodeType]:
+    return [pb.NodeType(id=ref, shape=t.shape, dtype=codec.dtype_to_proto(t.dtype)) for ref, t in types.items()]
+
+
+def op_info(op: OpDef) -> pb.OpInfo:
+    return pb.OpInfo(
+        name=op.name, arity=op.arity, operands=op.operands, kind=op.kind,
+        expression=str(op.expression) if op.expression is not None else "",
+        attrs=[pb.AttrSpec(name=a.name, kind=a.kind, required=a.required, doc=a.doc) for a in op.attrs],
+        derivatives=[pb.DerivativeRule(operand=o, formula=f) for o, f in op.derivatives],
+        doc=op.doc,
+    )

@@ -1,0 +1,82 @@
+"""The gRPC servicer: decode, call the engine, encode; errors become status codes."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import grpc
+from semigrad.v1 import semigrad_pb2 as pb
+from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
+
+from .. import errors
+from ..engine import Engine
+from ..ops import REGISTRY
+from . import convert
+
+log = logging.getLogger("semigrad.rpc")
+
+
+def rpc(method):
+    """Map semigrad errors to gRPC statuses, unexpected ones to INTERNAL; one log line per call."""
+
+    @functools.wraps(method)
+    def handler(self, request, context: grpc.ServicerContext):
+        start = time.perf_counter()
+        code, detail = grpc.StatusCode.OK, ""
+        try:
+            return method(self, request, context)
+        except errors.SemigradError as e:
+            code, detail = getattr(grpc.StatusCode, e.status), str(e)
+        except Exception as e:  # a bug: report it, keep serving
+            log.exception("internal error in %s", method.__name__)
+            code, detail = grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"
+        finally:
+            graph_id = getattr(request, "graph_id", "")
+            log.info("rpc=%s graph=%s status=%s ms=%.2f%s", method.__name__, graph_id or "-", code.name,
+                     (time.perf_counter() - start) * 1e3, f" detail={detail!r}" if detail else "")
+        context.abort(code, detail)
+
+    return handler
+
+
+def deadline_of(context: grpc.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+class GraphServicer(pb_grpc.GraphServiceServicer):
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @rpc
+    def RegisterGraph(self, request, context):
+        cg, created = self.engine.register(convert.graph_from_proto(request.graph))
+        return pb.RegisterGraphResponse(graph_id=cg.id, created=created, types=convert.node_types(cg.types))
+
+    @rpc
+    def GetGraph(self, request, context):
+        cg = self.engine.get(request.graph_id)
+        return pb.GetGraphResponse(graph_id=cg.id, graph=convert.graph_to_proto(cg.graph),
+                                   types=convert.node_types(cg.types))
+
+    @rpc
+    def Evaluate(self, request, context):
+        outputs, nodes = self.engine.evaluate(
+            request.graph_id, convert.tensors_to_arrays(request.inputs, "input"),
+            outputs=list(request.outputs), nodes=list(request.nodes), deadline=deadline_of(context))
+        return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs), nodes=convert.arrays_to_tensors(nodes))
+
+    @rpc
+    def Gradient(self, request, context):
+        grads, outputs = self.engine.gradient(
+            request.graph_id, convert.tensors_to_arrays(request.inputs, "input"), wrt=list(request.wrt),
+            seeds=convert.tensors_to_arrays(request.seeds, "seed"), outputs=list(request.outputs),
+            return_outputs=request.return_outputs, deadline=deadline_of(context))
+        return pb.GradientResponse(gradients=convert.arrays_to_tensors(grads),
+                                   outputs=convert.arrays_to_tensors(outputs))
+
+    @rpc
+    def ListOps(self, request, context):
+        return pb.ListOpsResponse(ops=[convert.op_info(op) for op in REGISTRY])
