@@ -1,0 +1,167 @@
+"""gRPC client: register graphs, then evaluate them and their gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import grpc
+import numpy as np
+
+from . import codec
+from .errors import from_rpc_error
+from .graph import Graph
+from .specs import OpInfo, TensorSpec
+from .v1 import semigrad_pb2 as pb
+from .v1 import semigrad_pb2_grpc as pb_grpc
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+class Client:
+    """A connection to a semigrad server.
+
+    ``target`` is "host:port". ``timeout`` is the deadline of every call in seconds (None: no
+    deadline). ``max_message_bytes`` limits sent and received messages; ``options`` are extra
+    gRPC channel options as (key, value) pairs and override the defaults; ``credentials``
+    (grpc.ChannelCredentials) make a secure channel. Use as a context manager, or call close().
+    Failed calls raise :class:`semigrad.SemigradError` subclasses.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout: float | None = None,
+        options: Iterable[tuple[str, object]] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        credentials: grpc.ChannelCredentials | None = None,
+    ):
+        channel_options = {
+            "grpc.max_send_message_length": max_message_bytes,
+            "grpc.max_receive_message_length": max_message_bytes,
+            **dict(options or ()),
+        }
+        channel_options = list(channel_options.items())
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, channel_options)
+        else:
+            self._channel = grpc.secure_channel(target, credentials, channel_options)
+        self._stub = pb_grpc.GraphServiceStub(self._channel)
+        self.timeout = timeout
+
+    def register(self, graph: Graph | pb.Graph) -> RegisteredGraph:
+        """Register ``graph`` (a Graph or a semigrad.v1.Graph); equal graphs get equal ids."""
+        message = graph.to_proto() if isinstance(graph, Graph) else graph
+        response = self._call("RegisterGraph", pb.RegisterGraphRequest(graph=message))
+        return RegisteredGraph(self, response.graph_id, message, response.types,
+                               created=response.created)
+
+    def get_graph(self, graph_id: str) -> RegisteredGraph:
+        """Bind to an already registered graph by id (NotFound if the server does not know it)."""
+        response = self._call("GetGraph", pb.GetGraphRequest(graph_id=graph_id))
+        return RegisteredGraph(self, response.graph_id, response.graph, response.types,
+                               created=False)
+
+    def list_ops(self) -> list[OpInfo]:
+        """Describe every op the server supports."""
+        response = self._call("ListOps", pb.ListOpsRequest())
+        return [OpInfo.from_proto(op) for op in response.ops]
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _call(self, method: str, request):
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+
+
+class RegisteredGraph:
+    """A graph stored on the server.
+
+    ``id`` is its content hash, ``graph`` its semigrad.v1.Graph, ``types`` maps every input name
+    and node id to a :class:`TensorSpec` ``(shape, dtype)`` inferred by the server,
+    ``input_specs`` and ``output_specs`` map input and output names to their TensorSpec, and
+    ``created`` tells whether registering stored the graph (False if it already existed, or
+    when bound with Client.get_graph).
+
+    Input values and seeds may be ndarrays, lists or scalars: they are converted with np.asarray
+    to the declared dtype, and may carry leading batch dimensions (results carry them too).
+    Returned arrays are read-only views of the response bytes.
+    """
+
+    def __init__(self, client: Client, graph_id: str, graph: pb.Graph, types: Iterable[pb.NodeType],
+                 *, created: bool):
+        self.client = client
+        self.id = graph_id
+        self.graph = graph
+        self.created = created
+        self.types = {t.id: TensorSpec.from_proto(t) for t in types}
+        self.input_specs = {i.name: TensorSpec.from_proto(i) for i in graph.inputs}
+        self.output_specs = {o.name: self.types[o.node] for o in graph.outputs
+                             if o.node in self.types}
+
+    def __repr__(self) -> str:
+        return f"RegisteredGraph({self.id!r}, inputs={list(self.input_specs)})"
+
+    def evaluate(self, inputs: Mapping[str, object], outputs: str | Iterable[str] | None = None,
+                 nodes: str | Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Evaluate the graph and return ``{name: value}``.
+
+        The dict holds the requested ``outputs`` (default: all) by output name and, if ``nodes``
+        lists intermediate node ids, their values by node id. A node id that is also the name of
+        a returned output raises ValueError.
+        """
+        outputs, nodes = _names(outputs), _names(nodes)
+        clashes = set(nodes) & set(outputs or (o.name for o in self.graph.outputs))
+        if clashes:
+            raise ValueError(f"node ids {sorted(clashes)} are also output names")
+        request = pb.EvaluateRequest(graph_id=self.id, inputs=_encode(inputs, self.input_specs),
+                                     outputs=outputs, nodes=nodes)
+        response = self.client._call("Evaluate", request)
+        return {**_decode(response.outputs), **_decode(response.nodes)}
+
+    def gradient(self, inputs: Mapping[str, object], wrt: str | Iterable[str] | None = None,
+                 seeds: Mapping[str, object] | None = None,
+                 outputs: str | Iterable[str] | None = None, return_outputs: bool = False):
+        """Gradients of the outputs with respect to inputs, as ``{input name: gradient}``.
+
+        ``wrt`` names the inputs (default: every floating input); ``outputs`` the outputs to
+        differentiate (default: all); ``seeds`` maps output names to cotangents (default: ones,
+        i.e. the gradient of the sum of all outputs). Each gradient is shaped like its input,
+        batch dimensions included. With ``return_outputs=True`` returns ``(gradients, outputs)``,
+        the latter the forward values of the differentiated outputs.
+        """
+        request = pb.GradientRequest(
+            graph_id=self.id, inputs=_encode(inputs, self.input_specs), wrt=_names(wrt),
+            seeds=_encode(seeds or {}, self.output_specs), outputs=_names(outputs),
+            return_outputs=return_outputs,
+        )
+        response = self.client._call("Gradient", request)
+        gradients = _decode(response.gradients)
+        return (gradients, _decode(response.outputs)) if return_outputs else gradients
+
+
+
+def _names(names: str | Iterable[str] | None) -> list[str]:
+    if names is None:
+        return []
+    return [names] if isinstance(names, str) else list(names)
+
+
+def _encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, pb.Tensor]:
+    """Encode ``values`` by name in their spec's dtype (unknown names: for the server to reject)."""
+    return {name: codec.to_tensor(value, specs[name].dtype if name in specs else None)
+            for name, value in values.items()}
+
+
+def _decode(tensors: Mapping[str, pb.Tensor]) -> dict[str, np.ndarray]:
+    return {name: codec.from_tensor(tensor) for name, tensor in tensors.items()}

@@ -1,0 +1,142 @@
+"""Conversions between Python/NumPy values and semigrad.v1 messages.
+
+Tensors travel as dtype + shape + raw little-endian C-order bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .v1 import semigrad_pb2 as pb
+
+# Supported dtype name -> (wire enum, little-endian numpy dtype).
+_DTYPES: dict[str, tuple[int, np.dtype]] = {
+    "float64": (pb.DTYPE_FLOAT64, np.dtype("<f8")),
+    "float32": (pb.DTYPE_FLOAT32, np.dtype("<f4")),
+    "int64": (pb.DTYPE_INT64, np.dtype("<i8")),
+    "bool": (pb.DTYPE_BOOL, np.dtype("|b1")),
+}
+_NAMES_BY_ENUM = {enum: name for name, (enum, _) in _DTYPES.items()}
+
+
+def dtype_name(dtype) -> str:
+    """Return the semigrad name of a NumPy dtype-like (e.g. ``np.float32`` -> ``"float32"``).
+
+    Only float64, float32, int64 and bool are supported (any byte order); others raise TypeError.
+    """
+    name = np.dtype(dtype).name
+    if name not in _DTYPES:
+        raise TypeError(f"unsupported dtype {name!r}; use one of {', '.join(_DTYPES)}")
+    return name
+
+
+def value_dtype_name(dtype) -> str:
+    """Return the semigrad dtype that holds values of ``dtype`` without loss.
+
+    Like :func:`dtype_name`, but narrower integers widen to int64 and float16 to float32.
+    """
+    dt = np.dtype(dtype)
+    if dt.kind in "iu" and np.can_cast(dt, np.int64):
+        return "int64"
+    if dt.kind == "f" and dt.itemsize < 4:
+        return "float32"
+    return dtype_name(dt)
+
+
+def dtype_to_proto(dtype) -> int:
+    """Return the ``semigrad.v1.DType`` enum value of a dtype-like."""
+    return _DTYPES[dtype_name(dtype)][0]
+
+
+def dtype_from_proto(enum: int) -> str:
+    """Return the dtype name of a ``semigrad.v1.DType`` enum value (ValueError if unspecified)."""
+    try:
+        return _NAMES_BY_ENUM[enum]
+    except KeyError:
+        raise ValueError(f"unsupported wire dtype {enum} (DTYPE_UNSPECIFIED is 0)") from None
+
+
+def to_tensor(value, dtype=None) -> pb.Tensor:
+    """Encode an array-like as a ``semigrad.v1.Tensor``.
+
+    ``dtype`` (optional) casts first; otherwise the value's own dtype is kept, narrower integers
+    widening to int64. Non-contiguous and big-endian arrays are converted.
+    """
+    array = np.asarray(value, dtype=dtype)
+    name = value_dtype_name(array.dtype)
+    enum, wire = _DTYPES[name]
+    data = array.astype(wire, copy=False).tobytes(order="C")
+    return pb.Tensor(dtype=enum, shape=array.shape, data=data)
+
+
+def from_tensor(tensor: pb.Tensor) -> np.ndarray:
+    """Decode a ``semigrad.v1.Tensor`` into a NumPy array.
+
+    The array is a read-only view of the message bytes (no copy); use ``.copy()`` to modify it.
+    Raises ValueError if the byte length does not match the shape.
+    """
+    wire = _DTYPES[dtype_from_proto(tensor.dtype)][1]
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"tensor shape {shape} has a negative dimension")
+    expected = math.prod(shape) * wire.itemsize
+    if len(tensor.data) != expected:
+        raise ValueError(f"tensor of shape {shape} and dtype {wire.name} needs {expected} bytes, "
+                         f"got {len(tensor.data)}")
+    return np.frombuffer(tensor.data, dtype=wire).reshape(shape)
+
+
+def index_list(key) -> pb.IndexList:
+    """Encode a basic index expression (ints and slices, e.g. ``(0, slice(1, None, -1))``).
+
+    Anything else (Ellipsis, None, arrays, bools, ...) raises TypeError.
+    """
+    items = key if isinstance(key, tuple) else (key,)
+    return pb.IndexList(items=[_index_item(item) for item in items])
+
+
+def _index_item(item) -> pb.IndexItem:
+    if isinstance(item, slice):
+        bounds = {"start": item.start, "stop": item.stop, "step": item.step}
+        for part, bound in bounds.items():
+            if bound is not None and not _is_int(bound):
+                raise TypeError(f"slice {part} must be an int or None, got {type(bound).__name__}")
+        given = {part: int(bound) for part, bound in bounds.items() if bound is not None}
+        return pb.IndexItem(slice=pb.Slice(**given))
+    if _is_int(item):
+        return pb.IndexItem(index=int(item))
+    raise TypeError(f"indices must be ints or slices (basic indexing), got {type(item).__name__}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def attr_value(value) -> pb.AttrValue:
+    """Encode a Python value as a ``semigrad.v1.AttrValue``.
+
+    bool -> b, int -> i, float -> f, str -> s, sequence of ints -> ints, ndarray -> tensor;
+    ``IndexList``, ``Tensor`` and ``AttrValue`` messages pass through (see :func:`index_list`).
+    """
+    if isinstance(value, pb.AttrValue):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return pb.AttrValue(b=bool(value))
+    if _is_int(value):
+        return pb.AttrValue(i=int(value))
+    if isinstance(value, (float, np.floating)):
+        return pb.AttrValue(f=float(value))
+    if isinstance(value, str):
+        return pb.AttrValue(s=value)
+    if isinstance(value, pb.IndexList):
+        return pb.AttrValue(index=value)
+    if isinstance(value, pb.Tensor):
+        return pb.AttrValue(tensor=value)
+    if isinstance(value, np.ndarray):
+        return pb.AttrValue(tensor=to_tensor(value))
+    if isinstance(value, Sequence) and all(_is_int(v) for v in value):
+        return pb.AttrValue(ints=pb.IntList(values=[int(v) for v in value]))
+    raise TypeError(f"cannot encode {type(value).__name__} as an attribute value")

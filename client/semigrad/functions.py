@@ -1,0 +1,216 @@
+"""Graph-building functions, one per semigrad op.
+
+Every function takes Handles and an optional ``name=`` for the node id, and returns the new
+node's Handle with its static shape and dtype when they can be inferred. Python numbers and
+arrays mixed in become ``const`` nodes; numeric ones take the float dtype of a float Handle
+operand (``x32 * 2`` multiplies by a float32 const), bools stay bool.
+
+This module defines ``abs``, ``pow``, ``sum`` and ``max``; it must not use those builtins itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import numpy as np
+
+from . import codec, shapes
+from . import graph as _graph  # graph imports this module too: use its names at call time only
+
+_FLOATS = ("float32", "float64")
+
+
+# Result dtype rules: operand dtypes -> result dtype, or None when not known client-side.
+def _same(*dtypes):
+    """All operands agree on a dtype: that is the result's."""
+    return dtypes[0] if all(d == dtypes[0] for d in dtypes) else None
+
+
+def _floating(*dtypes):
+    """Float result: known only for float operands of one dtype."""
+    dtype = _same(*dtypes)
+    return dtype if dtype in _FLOATS else None
+
+
+def _boolean(*dtypes):
+    """Comparisons give bool."""
+    return "bool"
+
+
+def _handles(values: Sequence) -> list:
+    """Return ``values`` as Handles of their one graph, turning non-Handles into consts."""
+    graphs = {id(v.graph): v.graph for v in values if _is_handle(v)}
+    if not graphs:
+        raise TypeError("needs at least one graph Handle operand")
+    if len(graphs) > 1:
+        raise ValueError("operands belong to different graphs")
+    (graph,) = graphs.values()
+    like = next((v.dtype for v in values if _is_handle(v) and v.dtype in _FLOATS), None)
+    return [v if _is_handle(v) else graph.const(_const_value(v, like)) for v in values]
+
+
+def _is_handle(value) -> bool:
+    return isinstance(value, _graph.Handle)
+
+
+def _const_value(value, like: str | None) -> np.ndarray:
+    """``value`` as an array; numbers take the float dtype ``like`` when given (bools stay bool)."""
+    array = np.asarray(value)
+    return array.astype(like) if like and array.dtype.kind in "iuf" else array
+
+
+def _node(op: str, operands: list, attrs: dict, infer_shape, dtype: str | None, name: str | None):
+    """Add node ``op`` on Handles ``operands``; errors of ``infer_shape()`` name the op."""
+    try:
+        shape = infer_shape()
+    except (ValueError, IndexError) as error:
+        raise type(error)(f"{op}: {error}") from None
+    return operands[0].graph.add_node(op, operands, attrs, shape=shape, dtype=dtype, name=name)
+
+
+def _unary(op: str, dtype_rule, doc: str):
+    def function(x, *, name: str | None = None):
+        (x,) = _handles([x])
+        return _node(op, [x], {}, partial(shapes.broadcast, x.shape), dtype_rule(x.dtype), name)
+
+    function.__name__ = function.__qualname__ = op
+    function.__doc__ = f"Elementwise ``{doc}``."
+    return function
+
+
+def _binary(op: str, dtype_rule, doc: str):
+    def function(x, y, *, name: str | None = None):
+        x, y = _handles([x, y])
+        infer = partial(shapes.broadcast, x.shape, y.shape)
+        return _node(op, [x, y], {}, infer, dtype_rule(x.dtype, y.dtype), name)
+
+    function.__name__ = function.__qualname__ = op
+    function.__doc__ = f"Elementwise ``{doc}`` with NumPy broadcasting."
+    return function
+
+
+# The elementwise ops: one line each (op name, result dtype rule, meaning).
+neg = _unary("neg", _same, "-x")
+square = _unary("square", _same, "x**2")
+sqrt = _unary("sqrt", _floating, "sqrt(x)")
+exp = _unary("exp", _floating, "exp(x)")
+log = _unary("log", _floating, "log(x)")
+log1p = _unary("log1p", _floating, "log(1 + x)")
+expm1 = _unary("expm1", _floating, "exp(x) - 1")
+sin = _unary("sin", _floating, "sin(x)")
+cos = _unary("cos", _floating, "cos(x)")
+tan = _unary("tan", _floating, "tan(x)")
+tanh = _unary("tanh", _floating, "tanh(x)")
+sigmoid = _unary("sigmoid", _floating, "1 / (1 + exp(-x))")
+softplus = _unary("softplus", _floating, "log(1 + exp(x))")
+abs = _unary("abs", _same, "|x|")
+relu = _unary("relu", _same, "max(x, 0)")
+erf = _unary("erf", _floating, "erf(x)")
+sign = _unary("sign", _same, "sign(x)")
+add = _binary("add", _same, "x + y")
+sub = _binary("sub", _same, "x - y")
+mul = _binary("mul", _same, "x * y")
+div = _binary("div", _floating, "x / y")
+pow = _binary("pow", _same, "x ** y")
+maximum = _binary("maximum", _same, "max(x, y)")
+minimum = _binary("minimum", _same, "min(x, y)")
+lt = _binary("lt", _boolean, "x < y")
+le = _binary("le", _boolean, "x <= y")
+gt = _binary("gt", _boolean, "x > y")
+ge = _binary("ge", _boolean, "x >= y")
+eq = _binary("eq", _boolean, "x == y")
+ne = _binary("ne", _boolean, "x != y")
+
+
+
+def where(cond, a, b, *, name: str | None = None):
+    """Elementwise ``a if cond else b`` (``cond`` must be bool; no gradient flows through it)."""
+    cond, a, b = _handles([cond, a, b])
+    infer = partial(shapes.broadcast, cond.shape, a.shape, b.shape)
+    return _node("where", [cond, a, b], {}, infer, _same(a.dtype, b.dtype), name)
+
+
+def matmul(a, b, *, name: str | None = None):
+    """Matrix product with numpy.matmul semantics (1-D operands, broadcast batch dims)."""
+    a, b = _handles([a, b])
+    infer = partial(shapes.matmul, a.shape, b.shape)
+    return _node("matmul", [a, b], {}, infer, _same(a.dtype, b.dtype), name)
+
+
+def _reduction(op: str, x, axis, keepdims: bool, dtype: str | None, name: str | None):
+    axes = None if axis is None else _ints(axis)
+    attrs = {} if axes is None else {"axes": axes}
+    if keepdims:
+        attrs["keepdims"] = True
+    return _node(op, [x], attrs, partial(shapes.reduce, x.shape, axes, keepdims), dtype, name)
+
+
+def sum(x, axis=None, keepdims: bool = False, *, name: str | None = None):
+    """Sum over ``axis`` (int, tuple of ints, or None for all axes)."""
+    (x,) = _handles([x])
+    return _reduction("sum", x, axis, keepdims, None if x.dtype == "bool" else x.dtype, name)
+
+
+def mean(x, axis=None, keepdims: bool = False, *, name: str | None = None):
+    """Mean over ``axis`` (int, tuple of ints, or None for all axes)."""
+    (x,) = _handles([x])
+    return _reduction("mean", x, axis, keepdims, _floating(x.dtype), name)
+
+
+def max(x, axis=None, keepdims: bool = False, *, name: str | None = None):
+    """Maximum over ``axis`` (int, tuple of ints, or None for all axes)."""
+    (x,) = _handles([x])
+    return _reduction("max", x, axis, keepdims, x.dtype, name)
+
+
+def reshape(x, shape, *, name: str | None = None):
+    """Reshape to ``shape`` (an int or a sequence of ints; one -1 allowed)."""
+    (x,) = _handles([x])
+    shape = _ints(shape)
+    infer = partial(shapes.reshape, x.shape, shape)
+    return _node("reshape", [x], {"shape": shape}, infer, x.dtype, name)
+
+
+def transpose(x, perm=None, *, name: str | None = None):
+    """Permute axes by ``perm`` (None reverses them)."""
+    (x,) = _handles([x])
+    perm = None if perm is None else _ints(perm)
+    attrs = {} if perm is None else {"perm": perm}
+    return _node("transpose", [x], attrs, partial(shapes.transpose, x.shape, perm), x.dtype, name)
+
+
+def broadcast_to(x, shape, *, name: str | None = None):
+    """Broadcast to ``shape`` with NumPy rules."""
+    (x,) = _handles([x])
+    shape = _ints(shape)
+    infer = partial(shapes.broadcast_to, x.shape, shape)
+    return _node("broadcast_to", [x], {"shape": shape}, infer, x.dtype, name)
+
+
+def index(x, key, *, name: str | None = None):
+    """Basic indexing ``x[key]``: ints and slices only (anything else raises TypeError)."""
+    (x,) = _handles([x])
+    attrs = {"index": codec.index_list(key)}
+    return _node("index", [x], attrs, partial(shapes.index, x.shape, key), x.dtype, name)
+
+
+def concat(xs: Sequence, axis: int = 0, *, name: str | None = None):
+    """Concatenate ``xs`` along an existing ``axis``."""
+    xs = _handles(list(xs))
+    infer = partial(shapes.concat, [x.shape for x in xs], axis)
+    return _node("concat", xs, {"axis": int(axis)}, infer, _same(*(x.dtype for x in xs)), name)
+
+
+def stack(xs: Sequence, axis: int = 0, *, name: str | None = None):
+    """Stack equally shaped ``xs`` along a new ``axis``."""
+    xs = _handles(list(xs))
+    infer = partial(shapes.stack, [x.shape for x in xs], axis)
+    return _node("stack", xs, {"axis": int(axis)}, infer, _same(*(x.dtype for x in xs)), name)
+
+
+def _ints(value) -> tuple[int, ...]:
+    """An int or a sequence of ints as a tuple of ints."""
+    if isinstance(value, (int, np.integer)):
+        return (int(value),)
+    return tuple(int(v) for v in value)

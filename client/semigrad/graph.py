@@ -1,0 +1,194 @@
+"""Graph builder: a Graph collects inputs, nodes and outputs; a Handle names one value in it."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from . import codec
+from . import functions as F  # functions imports this module too: use F at call time only
+from .v1 import semigrad_pb2 as pb
+
+
+class Graph:
+    """A computation graph under construction.
+
+    >>> g = Graph()
+    >>> x = g.input("x", (3,))
+    >>> g.output("y", (x * x).sum())
+    Handle('sum_1', shape=(), dtype='float64')
+    >>> g.to_proto().outputs[0].node
+    'sum_1'
+    """
+
+    def __init__(self) -> None:
+        self._inputs: list[pb.GraphInput] = []
+        self._nodes: list[pb.Node] = []
+        self._outputs: list[pb.GraphOutput] = []
+        self._ids: set[str] = set()  # input names and node ids share one namespace
+        self._counter = 0
+
+    def input(self, name: str, shape: Sequence[int], dtype="float64") -> Handle:
+        """Declare an input of per-item ``shape`` and ``dtype`` (float64, float32, int64, bool)."""
+        shape = tuple(int(d) for d in shape)
+        dtype = codec.dtype_name(dtype)
+        self._claim(name)
+        wire_dtype = codec.dtype_to_proto(dtype)
+        self._inputs.append(pb.GraphInput(name=name, shape=shape, dtype=wire_dtype))
+        return Handle(self, name, shape, dtype)
+
+    def const(self, value, *, name: str | None = None) -> Handle:
+        """Add a ``const`` node holding ``value`` (array-like; integers are stored as int64)."""
+        array = np.asarray(value)
+        return self.add_node(
+            "const", (), {"value": codec.to_tensor(array)},
+            shape=array.shape, dtype=codec.value_dtype_name(array.dtype), name=name,
+        )
+
+    def add_node(
+        self,
+        op: str,
+        inputs: Sequence[Handle],
+        attrs: Mapping[str, object] | None = None,
+        *,
+        shape: Sequence[int] | None = None,
+        dtype: str | None = None,
+        name: str | None = None,
+    ) -> Handle:
+        """Add a node of any ``op`` (low level; prefer the semigrad functions and operators).
+
+        ``attrs`` values are encoded with :func:`semigrad.codec.attr_value`; ``shape`` and
+        ``dtype`` are the statically known result type, or None if unknown.
+        """
+        for handle in inputs:
+            if not isinstance(handle, Handle) or handle.graph is not self:
+                raise ValueError(f"{op}: operand {handle!r} is not a value of this graph")
+        encoded = {key: codec.attr_value(value) for key, value in (attrs or {}).items()}
+        node_id = self._new_id(op) if name is None else name
+        self._claim(node_id)
+        self._nodes.append(pb.Node(id=node_id, op=op, inputs=[h.id for h in inputs], attrs=encoded))
+        return Handle(self, node_id, None if shape is None else tuple(shape), dtype)
+
+    def output(self, name: str, handle: Handle) -> Handle:
+        """Expose ``handle`` as the graph output ``name``; returns ``handle``."""
+        if not isinstance(handle, Handle) or handle.graph is not self:
+            raise ValueError(f"output {name!r}: {handle!r} is not a value of this graph")
+        if any(o.name == name for o in self._outputs):
+            raise ValueError(f"duplicate output name {name!r}")
+        self._outputs.append(pb.GraphOutput(name=name, node=handle.id))
+        return handle
+
+    def to_proto(self) -> pb.Graph:
+        """Return the graph as a ``semigrad.v1.Graph`` message."""
+        return pb.Graph(inputs=self._inputs, nodes=self._nodes, outputs=self._outputs)
+
+    def _claim(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"names must be non-empty strings, got {name!r}")
+        if name in self._ids:
+            raise ValueError(f"name {name!r} is already used in this graph")
+        self._ids.add(name)
+
+    def _new_id(self, op: str) -> str:
+        while True:
+            candidate = f"{op}_{self._counter}"
+            self._counter += 1
+            if candidate not in self._ids:
+                return candidate
+
+
+def _operator(function_name: str, reflected: bool = False):
+    """A binary operator method calling ``semigrad.<function_name>``.
+
+    Operands of foreign types give NotImplemented, so Python tries the other operand.
+    """
+
+    def method(self, other):
+        if not isinstance(other, _OPERAND_TYPES):
+            return NotImplemented
+        function = getattr(F, function_name)
+        return function(other, self) if reflected else function(self, other)
+
+    return method
+
+
+class Handle:
+    """A symbolic value of a :class:`Graph`: a graph input or a node.
+
+    ``graph``, ``id`` (node id or input name), ``shape`` (tuple, or None when not inferred
+    client-side) and ``dtype`` (name, or None). Operators build nodes: ``+ - * / ** @``, unary
+    ``-``, ``abs()``, comparisons, basic indexing ``x[0, 1:3, ::-1]`` and ``.T``; Python numbers
+    and arrays mixed in become consts. Handles hash by identity and have no truth value.
+    """
+
+    __array_ufunc__ = None  # NumPy arrays and scalars defer to our reflected operators
+    __iter__ = None  # no iteration through __getitem__
+    __hash__ = object.__hash__  # __eq__ builds a node, so hash by identity
+
+    def __init__(self, graph: Graph, id: str, shape: tuple[int, ...] | None, dtype: str | None):
+        self.graph = graph
+        self.id = id
+        self.shape = shape
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"Handle({self.id!r}, shape={self.shape}, dtype={self.dtype!r})"
+
+    def __bool__(self) -> bool:
+        raise TypeError("a Handle has no truth value (comparisons build graph nodes)")
+
+    def __neg__(self) -> Handle:
+        return F.neg(self)
+
+    def __abs__(self) -> Handle:
+        return F.abs(self)
+
+    __add__ = _operator("add")
+    __radd__ = _operator("add", reflected=True)
+    __sub__ = _operator("sub")
+    __rsub__ = _operator("sub", reflected=True)
+    __mul__ = _operator("mul")
+    __rmul__ = _operator("mul", reflected=True)
+    __truediv__ = _operator("div")
+    __rtruediv__ = _operator("div", reflected=True)
+    __pow__ = _operator("pow")
+    __rpow__ = _operator("pow", reflected=True)
+    __matmul__ = _operator("matmul")
+    __rmatmul__ = _operator("matmul", reflected=True)
+    __lt__ = _operator("lt")
+    __le__ = _operator("le")
+    __gt__ = _operator("gt")
+    __ge__ = _operator("ge")
+    __eq__ = _operator("eq")
+    __ne__ = _operator("ne")
+
+    def __getitem__(self, key) -> Handle:
+        return F.index(self, key)
+
+    @property
+    def T(self) -> Handle:
+        """Transpose (reversed axes)."""
+        return F.transpose(self)
+
+    def sum(self, axis=None, keepdims: bool = False, *, name: str | None = None) -> Handle:
+        """Sum over ``axis`` (int, tuple, or None for all); see :func:`semigrad.sum`."""
+        return F.sum(self, axis, keepdims, name=name)
+
+    def mean(self, axis=None, keepdims: bool = False, *, name: str | None = None) -> Handle:
+        """Mean over ``axis``; see :func:`semigrad.mean`."""
+        return F.mean(self, axis, keepdims, name=name)
+
+    def max(self, axis=None, keepdims: bool = False, *, name: str | None = None) -> Handle:
+        """Maximum over ``axis``; see :func:`semigrad.max`."""
+        return F.max(self, axis, keepdims, name=name)
+
+    def reshape(self, *shape, name: str | None = None) -> Handle:
+        """Reshape to ``shape``, given as ints or as one sequence (one -1 allowed)."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            (shape,) = shape
+        return F.reshape(self, shape, name=name)
+
+
+_OPERAND_TYPES = (Handle, numbers.Number, np.ndarray, np.generic)

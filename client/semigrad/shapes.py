@@ -1,0 +1,128 @@
+"""Static shape inference (NumPy rules) used while building graphs.
+
+Every function takes and returns shapes as tuples of ints, or None when unknown: an unknown
+input gives an unknown result. Definite errors raise ValueError or IndexError, as NumPy would.
+No function allocates memory proportional to the shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+def _view(shape: Shape) -> np.ndarray:
+    """A zero-strided array of ``shape``: a free stand-in for NumPy's own view-based rules."""
+    return np.broadcast_to(np.empty((), dtype=np.int8), shape)
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of bounds for {ndim} dimensions")
+    return axis % ndim
+
+
+def broadcast(*shapes: Shape | None) -> Shape | None:
+    """Broadcast shape of elementwise operands."""
+    if any(s is None for s in shapes):
+        return None
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+def matmul(a: Shape | None, b: Shape | None) -> Shape | None:
+    """Result shape of ``a @ b`` (1-D operands and batch broadcasting as in numpy.matmul)."""
+    if a is None or b is None:
+        return None
+    if not a or not b:
+        raise ValueError("matmul operands must have at least 1 dimension")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"matmul contraction mismatch: {a} @ {b}")
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    return batch + (a2[-2],) * (len(a) > 1) + (b2[-1],) * (len(b) > 1)
+
+
+def reduce(shape: Shape | None, axes: Sequence[int] | None, keepdims: bool) -> Shape | None:
+    """Result shape of reducing ``axes`` (None = all axes)."""
+    if shape is None:
+        return None
+    ndim = len(shape)
+    reduced = set(range(ndim)) if axes is None else {_axis(a, ndim) for a in axes}
+    if axes is not None and len(reduced) != len(axes):
+        raise ValueError(f"repeated axis in {tuple(axes)}")
+    if keepdims:
+        return tuple(1 if i in reduced else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in reduced)
+
+
+def reshape(shape: Shape | None, new: Sequence[int]) -> Shape | None:
+    """Result shape of a reshape to ``new`` (one -1 allowed)."""
+    new = tuple(new)
+    if new.count(-1) > 1 or any(d < -1 for d in new):
+        raise ValueError(f"invalid reshape target {new}")
+    if shape is None:
+        return None if -1 in new else new
+    size = math.prod(shape)
+    if -1 in new:
+        known = math.prod(d for d in new if d != -1)
+        if known == 0 or size % known:
+            raise ValueError(f"cannot reshape {shape} into {new}")
+        new = tuple(size // known if d == -1 else d for d in new)
+    if math.prod(new) != size:
+        raise ValueError(f"cannot reshape {shape} into {new}")
+    return new
+
+
+def transpose(shape: Shape | None, perm: Sequence[int] | None) -> Shape | None:
+    """Result shape of a transpose by ``perm`` (None = reversed axes)."""
+    if shape is None:
+        return None
+    return _view(shape).transpose(perm).shape
+
+
+def broadcast_to(shape: Shape | None, target: Sequence[int]) -> Shape | None:
+    """Result shape of broadcasting ``shape`` to ``target``."""
+    if shape is None:
+        return tuple(target)
+    return np.broadcast_to(_view(shape), tuple(target)).shape
+
+
+def index(shape: Shape | None, key) -> Shape | None:
+    """Result shape of the basic index ``key`` (ints and slices)."""
+    if shape is None:
+        return None
+    return _view(shape)[key].shape
+
+
+def concat(shapes: Sequence[Shape | None], axis: int) -> Shape | None:
+    """Result shape of concatenating ``shapes`` along ``axis``."""
+    if not shapes:
+        raise ValueError("concat needs at least one operand")
+    if any(s is None for s in shapes):
+        return None
+    first = shapes[0]
+    if not first:
+        raise ValueError("cannot concatenate 0-d operands")
+    axis = _axis(axis, len(first))
+    for s in shapes:
+        if len(s) != len(first) or any(s[i] != first[i] for i in range(len(s)) if i != axis):
+            raise ValueError(f"concat shapes {tuple(shapes)} differ outside axis {axis}")
+    return first[:axis] + (sum(s[axis] for s in shapes),) + first[axis + 1 :]
+
+
+def stack(shapes: Sequence[Shape | None], axis: int) -> Shape | None:
+    """Result shape of stacking ``shapes`` along a new ``axis``."""
+    if not shapes:
+        raise ValueError("stack needs at least one operand")
+    if any(s is None for s in shapes):
+        return None
+    first = shapes[0]
+    if any(s != first for s in shapes):
+        raise ValueError(f"stack operands must have equal shapes, got {tuple(shapes)}")
+    axis = _axis(axis, len(first) + 1)
+    return first[:axis] + (len(shapes),) + first[axis:]
