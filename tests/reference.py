@@ -1,41 +1,9 @@
-"""Independent references for gradients: central finite differences, and closed forms."""
+"""Independent references for gradients: central finite differences, and the closed forms in bench/workloads.py."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
-import semigrad
-
-
-def det_by_minors(g: semigrad.Graph, a, n: int):
-    """Determinant by expansion along the first row (CppAD's det_minor), with scalar indexing."""
-    memo = {}
-
-    def det(rows: tuple, cols: tuple):
-        if (rows, cols) not in memo:
-            if len(rows) == 1:
-                memo[rows, cols] = a[rows[0], cols[0]]
-            else:
-                total = None
-                for k, c in enumerate(cols):
-                    term = a[rows[0], c] * det(rows[1:], cols[:k] + cols[k + 1:])
-                    total = term if total is None else (total + term if k % 2 == 0 else total - term)
-                memo[rows, cols] = total
-        return memo[rows, cols]
-
-    return det(tuple(range(n)), tuple(range(n)))
-
-
-def det_graph(n: int) -> semigrad.Graph:
-    g = semigrad.Graph()
-    g.output("det", det_by_minors(g, g.input("A", (n, n)), n))
-    return g
-
-
-def det_gradient(a: np.ndarray) -> np.ndarray:
-    """∂det(A)/∂A = det(A) A^{-T}, batched over leading axes."""
-    return np.linalg.det(a)[..., None, None] * np.swapaxes(np.linalg.inv(a), -1, -2)
+from workloads import det_by_minors, det_gradient, det_graph  # noqa: F401  (bench/ is on the test path)
 
 
 def finite_difference_gradient(evaluate, inputs: dict, shapes: dict, seeds: dict, wrt: str, step: float = 1e-6):
@@ -63,7 +31,3 @@ def finite_difference_gradient(evaluate, inputs: dict, shapes: dict, seeds: dict
     diff = (total[:n] - total[n:]).reshape(n, -1)  # perturbation × batch item
     item_of = np.arange(n) // (n // diff.shape[1])  # x is C-ordered: batch axes first
     return (diff[np.arange(n), item_of] / (2 * h)).reshape(x.shape)
-
-
-def all_index_tuples(shape):
-    return itertools.product(*(range(d) for d in shape))
