@@ -10,7 +10,7 @@ import numpy as np
 from . import codec
 from .errors import from_rpc_error
 from .graph import Graph
-from .specs import OpInfo, TensorSpec
+from .specs import BestPath, OpInfo, SemiringInfo, TensorSpec
 from .v1 import semigrad_pb2 as pb
 from .v1 import semigrad_pb2_grpc as pb_grpc
 
@@ -66,6 +66,11 @@ class Client:
         """Describe every op the server supports."""
         response = self._call("ListOps", pb.ListOpsRequest())
         return [OpInfo.from_proto(op) for op in response.ops]
+
+    def list_semirings(self) -> list[SemiringInfo]:
+        """Every semiring plugin the server found, with its status (failed ones included)."""
+        response = self._call("ListSemirings", pb.ListSemiringsRequest())
+        return [SemiringInfo.from_proto(s) for s in response.semirings]
 
     def close(self) -> None:
         """Close the channel."""
@@ -131,23 +136,51 @@ class RegisteredGraph:
 
     def gradient(self, inputs: Mapping[str, object], wrt: str | Iterable[str] | None = None,
                  seeds: Mapping[str, object] | None = None,
-                 outputs: str | Iterable[str] | None = None, return_outputs: bool = False):
-        """Gradients of the outputs with respect to inputs, as ``{input name: gradient}``.
+                 outputs: str | Iterable[str] | None = None, return_outputs: bool = False, *,
+                 semiring: str = "real", semiring_params: Mapping[str, object] | None = None,
+                 return_components: bool = False,
+                 best_path: Iterable[tuple[str, Iterable[int]]] | None = None):
+        """Gradients of the outputs with respect to inputs, as :class:`Gradients`
+        (a dict ``{input name: gradient}``).
 
         ``wrt`` names the inputs (default: every floating input); ``outputs`` the outputs to
-        differentiate (default: all); ``seeds`` maps output names to cotangents (default: ones,
-        i.e. the gradient of the sum of all outputs). Each gradient is shaped like its input,
-        batch dimensions included. With ``return_outputs=True`` returns ``(gradients, outputs)``,
-        the latter the forward values of the differentiated outputs.
+        differentiate (default: all); ``seeds`` maps output names to cotangents (default: the
+        semiring's one, i.e. for "real" the gradient of the sum of all outputs; explicit seeds
+        are lifted into the semiring). Each gradient is shaped like its input, batch dimensions
+        included. With ``return_outputs=True`` returns ``(gradients, outputs)``, the latter the
+        forward values of the differentiated outputs (also on ``gradients.outputs``).
+
+        ``semiring`` (see :meth:`Client.list_semirings`) replaces the backward pass's
+        arithmetic, ``semiring_params`` configures it (e.g. ``{"k": 5}`` for "kbest"). For a
+        tuple-valued semiring the gradient is its primary component (entropy: H);
+        ``return_components=True`` fills ``gradients.components[input][name]`` (entropy: Z, R).
+        ``best_path`` lists ``(input name, full index)`` elements (batch dimensions first) whose
+        best path a selective semiring traces into ``gradients.best_paths``.
         """
         request = pb.GradientRequest(
             graph_id=self.id, inputs=_encode(inputs, self.input_specs), wrt=_names(wrt),
             seeds=_encode(seeds or {}, self.output_specs), outputs=_names(outputs),
-            return_outputs=return_outputs,
+            return_outputs=return_outputs, semiring=semiring,
+            semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()},
+            return_components=return_components,
+            best_paths=[pb.ElementRef(input=name, index=[int(i) for i in index]) for name, index in best_path or ()],
         )
         response = self.client._call("Gradient", request)
-        gradients = _decode(response.gradients)
-        return (gradients, _decode(response.outputs)) if return_outputs else gradients
+        gradients = Gradients(_decode(response.gradients))
+        gradients.outputs = _decode(response.outputs)
+        gradients.components = {x: _decode(parts.tensors) for x, parts in response.components.items()}
+        gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths]
+        return (gradients, gradients.outputs) if return_outputs else gradients
+
+
+class Gradients(dict):
+    """``{input name: gradient}``, plus what else a gradient call returned: ``outputs``
+    (forward values, when asked), ``components`` (``{input: {component: array}}`` for tuple
+    semirings, when asked) and ``best_paths`` (a list of :class:`BestPath`)."""
+
+    outputs: dict[str, np.ndarray]
+    components: dict[str, dict[str, np.ndarray]]
+    best_paths: list[BestPath]
 
 
 

@@ -67,3 +67,53 @@ class OpInfo:
             derivatives=tuple(DerivativeRule(d.operand, d.formula) for d in message.derivatives),
             doc=message.doc,
         )
+
+
+@dataclass(frozen=True)
+class SemiringInfo:
+    """A semiring the server found (mirrors semigrad.v1.SemiringInfo); ``status`` "ok" or "failed"."""
+
+    name: str
+    distribution: str
+    version: str
+    entry_point: str
+    status: str
+    error: str
+    description: str
+    commutative: bool
+    idempotent: bool
+    selective: bool
+    components: int
+    component_names: tuple[str, ...]
+    primary: str
+    parameters: dict
+
+    @classmethod
+    def from_proto(cls, m: pb.SemiringInfo) -> SemiringInfo:
+        return cls(m.name, m.distribution, m.version, m.entry_point, m.status, m.error, m.description,
+                   m.commutative, m.idempotent, m.selective, m.components, tuple(m.component_names), m.primary,
+                   dict(m.parameters))
+
+
+@dataclass(frozen=True)
+class PathStep:
+    """An element of a node on a path, and the real partial of the edge that reached it."""
+
+    node: str
+    index: tuple[int, ...]
+    partial: float
+
+
+@dataclass(frozen=True)
+class BestPath:
+    """The best path from an input element (``start``: input name, full index) to ``output``."""
+
+    start: tuple[str, tuple[int, ...]]
+    output: str
+    steps: tuple[PathStep, ...]
+    value: dict
+
+    @classmethod
+    def from_proto(cls, m: pb.BestPath) -> BestPath:
+        return cls((m.start.input, tuple(m.start.index)), m.output,
+                   tuple(PathStep(s.node, tuple(s.index), s.partial) for s in m.steps), dict(m.value))

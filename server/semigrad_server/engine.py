@@ -6,6 +6,7 @@ It knows nothing of gRPC: arrays in, arrays out, errors from `errors`.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -15,13 +16,20 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from . import ir
-from .autodiff import GRAD_PREFIX, SEED_PREFIX, RealContext, reverse
-from .errors import InvalidArgument, ResourceExhausted
+from .autodiff import GRAD_PREFIX, SEED_PREFIX, RealContext, SemiringContext, reverse
+from .autodiff.reverse import BackwardGraph
+from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from .ir import Graph, Node, Type
 from .limits import Limits
 from .ops import REGISTRY, node_type
+from .ops.semiring_ops import semiring_registry
 from .runtime import Plan
+from .semiring.loader import SemiringRegistry, default_registry
 from .store import MemoryStore
+
+ADJOINT_PREFIX = "adjoint:"
+SEED_VALUE_PREFIX = "seedvalue:"
+VALUE_PREFIX = "value:"
 
 
 @dataclass
@@ -66,9 +74,24 @@ class Batch:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class CompiledGradient:
+    plan: Plan
+    backward: BackwardGraph
+
+
+@dataclass
+class GradientResult:
+    gradients: dict[str, np.ndarray] = field(default_factory=dict)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    components: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    best_paths: list = field(default_factory=list)
+
+
 class Engine:
-    def __init__(self, limits: Limits | None = None):
+    def __init__(self, limits: Limits | None = None, semirings: SemiringRegistry | None = None):
         self.limits = limits or Limits()
+        self.semirings = semirings or default_registry()
         self.store: MemoryStore[CompiledGraph] = MemoryStore(self.limits.max_graphs)
 
     # ------------------------------------------------------------ registration
@@ -98,7 +121,11 @@ class Engine:
 
     def gradient(self, graph_id: str, inputs: Mapping[str, np.ndarray], wrt: Sequence[str] = (),
                  seeds: Mapping[str, np.ndarray] | None = None, outputs: Sequence[str] = (),
-                 return_outputs: bool = False, deadline: float | None = None):
+                 return_outputs: bool = False, semiring: str = "real",
+                 semiring_params: Mapping[str, object] | None = None, return_components: bool = False,
+                 best_paths: Sequence[tuple[str, tuple[int, ...]]] = (), deadline: float | None = None):
+        """Gradients (under `semiring`) of the outputs w.r.t. `wrt`. Returns a GradientResult."""
+        s = self.semirings.get(semiring, semiring_params)
         cg = self.get(graph_id)
         seeds = dict(seeds or {})
         names = self._output_names(cg, outputs)
@@ -111,30 +138,53 @@ class Engine:
             if name not in names:
                 raise InvalidArgument(f"seed given for '{name}', which is not a differentiated output "
                                       f"(differentiated: {', '.join(names)})")
+        if best_paths and not s.selective:
+            raise FailedPrecondition(f"best paths need a selective semiring (max/min-like); '{s.name}' is not")
         batch = self._batch(cg, inputs)
         seeded = tuple(sorted(seeds))
         for name in seeded:
             batch = self._with_seed(cg, batch, name, seeds[name])
 
-        key = ("gradient", "real", tuple(names), tuple(wrt), seeded, return_outputs)
-        plan, absent = self._plan(cg, key, lambda: self._gradient_plan(cg, names, wrt, seeded, return_outputs))
-        results = self._run(plan, batch, deadline)
-        grads = {}
+        key = ("gradient", s.key, tuple(names), tuple(wrt), seeded, return_outputs, bool(best_paths))
+        compiled = self._plan(cg, key, lambda: self._gradient_plan(cg, s, names, wrt, seeded, return_outputs,
+                                                                   bool(best_paths)))
+        results = self._run(compiled.plan, batch, deadline)
+        result = GradientResult()
         for x in wrt:
             t = cg.types[x]
-            value = np.zeros((), dtype=t.dtype) if x in absent else results[GRAD_PREFIX + x]
-            grads[x] = _full(value, batch.shape, t)
-        values = {n: _full(results[n], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names} \
-            if return_outputs else {}
-        return grads, values
-
-    def _gradient_plan(self, cg: CompiledGraph, names, wrt, seeded, return_outputs):
-        bg = reverse(cg.graph, cg.order, cg.types, outputs=names, wrt=wrt, seeded=seeded, context=RealContext)
-        outputs = [(GRAD_PREFIX + x, ref) for x, ref in bg.gradients.items() if ref is not None]
+            ref = compiled.backward.gradients[x]
+            value = results[GRAD_PREFIX + x] if ref is not None else s.zeros(())
+            read = s.read(s.map(lambda c: np.broadcast_to(c, batch.shape + t.shape), value))
+            result.gradients[x] = _cast(read[s.primary], t) if s.name == "real" else read[s.primary]
+            if return_components:
+                result.components[x] = read
         if return_outputs:
+            result.outputs = {n: _full(results[n], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names}
+        if best_paths:
+            from .autodiff.best_path import trace_best_paths
+
+            result.best_paths = trace_best_paths(cg, compiled.backward, s, results, batch, best_paths, self)
+        return result
+
+    def _gradient_plan(self, cg: CompiledGraph, s, names, wrt, seeded, return_outputs, keep_all: bool):
+        if s.name == "real":
+            registry, context = REGISTRY, RealContext
+        else:
+            registry = semiring_registry(REGISTRY, s)
+            context = functools.partial(SemiringContext, semiring=s)
+        bg = reverse(cg.graph, cg.order, cg.types, outputs=names, wrt=wrt, seeded=seeded, context=context,
+                     registry=registry)
+        outputs = [(GRAD_PREFIX + x, ref) for x, ref in bg.gradients.items() if ref is not None]
+        if return_outputs or keep_all:
             outputs += [(n, ref) for n, ref in bg.outputs.items()]
-        plan = Plan(bg.graph, bg.graph.nodes, bg.types, outputs, attrs=bg.context.builder.attrs)
-        return plan, frozenset(x for x, ref in bg.gradients.items() if ref is None)
+        if keep_all:  # best paths read every adjoint, seed and forward value
+            outputs += [(ADJOINT_PREFIX + ref, adj) for ref, adj in bg.adjoints.items()]
+            outputs += [(SEED_VALUE_PREFIX + ref, seed) for ref, seed in bg.seeds.items()]
+            outputs += [(VALUE_PREFIX + n.id, n.id) for n in cg.order]
+        valued = getattr(bg.context, "valued", set()) if s.components > 1 else set()
+        plan = Plan(bg.graph, bg.graph.nodes, bg.types, outputs, registry=registry,
+                    attrs=bg.context.builder.attrs, map_components=frozenset(valued))
+        return CompiledGradient(plan, bg)
 
     # ------------------------------------------------------------ helpers
     def _plan(self, cg: CompiledGraph, key, build: Callable):
@@ -229,10 +279,13 @@ def _keyed(cg: CompiledGraph) -> tuple[str, CompiledGraph]:
     return cg.id, cg
 
 
+def _cast(value: np.ndarray, t: Type) -> np.ndarray:
+    value = np.asarray(value)
+    return value if value.dtype == ir.DTYPES[t.dtype] else value.astype(t.dtype)
+
+
 def _full(value: np.ndarray, batch_shape: tuple, t: Type) -> np.ndarray:
     """A result with the request's full batch shape, in its declared dtype."""
-    value = np.asarray(value)
-    if value.dtype != ir.DTYPES[t.dtype]:
-        value = value.astype(t.dtype)
+    value = _cast(value, t)
     target = tuple(batch_shape) + t.shape
     return value if value.shape == target else np.broadcast_to(value, target)

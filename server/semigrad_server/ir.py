@@ -41,7 +41,7 @@ class Type:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(np.prod(self.shape, dtype=object))  # exact: int64 would wrap past 2**63
 
     @property
     def is_float(self) -> bool:

@@ -193,7 +193,7 @@ class EvaluateResponse(_message.Message):
     def __init__(self, outputs: _Optional[_Mapping[str, Tensor]] = ..., nodes: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class GradientRequest(_message.Message):
-    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs")
+    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths")
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -208,22 +208,87 @@ class GradientRequest(_message.Message):
         key: str
         value: Tensor
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class SemiringParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttrValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttrValue, _Mapping]] = ...) -> None: ...
     GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     WRT_FIELD_NUMBER: _ClassVar[int]
     SEEDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     RETURN_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    BEST_PATHS_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     inputs: _containers.MessageMap[str, Tensor]
     wrt: _containers.RepeatedScalarFieldContainer[str]
     seeds: _containers.MessageMap[str, Tensor]
     outputs: _containers.RepeatedScalarFieldContainer[str]
     return_outputs: bool
-    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ...) -> None: ...
+    semiring: str
+    semiring_params: _containers.MessageMap[str, AttrValue]
+    return_components: bool
+    best_paths: _containers.RepeatedCompositeFieldContainer[ElementRef]
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ...) -> None: ...
+
+class ElementRef(_message.Message):
+    __slots__ = ("input", "index")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    index: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, input: _Optional[str] = ..., index: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Tensors(_message.Message):
+    __slots__ = ("tensors",)
+    class TensorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    tensors: _containers.MessageMap[str, Tensor]
+    def __init__(self, tensors: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+
+class PathStep(_message.Message):
+    __slots__ = ("node", "index", "partial")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    index: _containers.RepeatedScalarFieldContainer[int]
+    partial: float
+    def __init__(self, node: _Optional[str] = ..., index: _Optional[_Iterable[int]] = ..., partial: _Optional[float] = ...) -> None: ...
+
+class BestPath(_message.Message):
+    __slots__ = ("start", "output", "steps", "value")
+    class ValueEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    START_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    start: ElementRef
+    output: str
+    steps: _containers.RepeatedCompositeFieldContainer[PathStep]
+    value: _containers.ScalarMap[str, float]
+    def __init__(self, start: _Optional[_Union[ElementRef, _Mapping]] = ..., output: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[PathStep, _Mapping]]] = ..., value: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GradientResponse(_message.Message):
-    __slots__ = ("gradients", "outputs")
+    __slots__ = ("gradients", "outputs", "components", "best_paths")
     class GradientsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -238,11 +303,71 @@ class GradientResponse(_message.Message):
         key: str
         value: Tensor
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class ComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensors
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensors, _Mapping]] = ...) -> None: ...
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    BEST_PATHS_FIELD_NUMBER: _ClassVar[int]
     gradients: _containers.MessageMap[str, Tensor]
     outputs: _containers.MessageMap[str, Tensor]
-    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+    components: _containers.MessageMap[str, Tensors]
+    best_paths: _containers.RepeatedCompositeFieldContainer[BestPath]
+    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ..., components: _Optional[_Mapping[str, Tensors]] = ..., best_paths: _Optional[_Iterable[_Union[BestPath, _Mapping]]] = ...) -> None: ...
+
+class ListSemiringsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SemiringInfo(_message.Message):
+    __slots__ = ("name", "distribution", "version", "entry_point", "status", "error", "description", "commutative", "idempotent", "selective", "components", "component_names", "primary", "parameters")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_POINT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    COMMUTATIVE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    SELECTIVE_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_NAMES_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    distribution: str
+    version: str
+    entry_point: str
+    status: str
+    error: str
+    description: str
+    commutative: bool
+    idempotent: bool
+    selective: bool
+    components: int
+    component_names: _containers.RepeatedScalarFieldContainer[str]
+    primary: str
+    parameters: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., entry_point: _Optional[str] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., description: _Optional[str] = ..., commutative: _Optional[bool] = ..., idempotent: _Optional[bool] = ..., selective: _Optional[bool] = ..., components: _Optional[int] = ..., component_names: _Optional[_Iterable[str]] = ..., primary: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListSemiringsResponse(_message.Message):
+    __slots__ = ("semirings",)
+    SEMIRINGS_FIELD_NUMBER: _ClassVar[int]
+    semirings: _containers.RepeatedCompositeFieldContainer[SemiringInfo]
+    def __init__(self, semirings: _Optional[_Iterable[_Union[SemiringInfo, _Mapping]]] = ...) -> None: ...
 
 class GetGraphRequest(_message.Message):
     __slots__ = ("graph_id",)

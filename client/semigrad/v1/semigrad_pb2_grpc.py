@@ -59,6 +59,11 @@ class GraphServiceStub:
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListOpsRequest.SerializeToString,
                 response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListOpsResponse.FromString,
                 _registered_method=True)
+        self.ListSemirings = channel.unary_unary(
+                '/semigrad.v1.GraphService/ListSemirings',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsResponse.FromString,
+                _registered_method=True)
 
 
 class GraphServiceServicer:
@@ -94,6 +99,12 @@ class GraphServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSemirings(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GraphServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +132,11 @@ def add_GraphServiceServicer_to_server(servicer, server):
                     servicer.ListOps,
                     request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListOpsRequest.FromString,
                     response_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListOpsResponse.SerializeToString,
+            ),
+            'ListSemirings': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSemirings,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +274,33 @@ class GraphService:
             '/semigrad.v1.GraphService/ListOps',
             semigrad_dot_v1_dot_semigrad__pb2.ListOpsRequest.SerializeToString,
             semigrad_dot_v1_dot_semigrad__pb2.ListOpsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSemirings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/semigrad.v1.GraphService/ListSemirings',
+            semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import sympy as sp
 
 from ..errors import FailedPrecondition
@@ -171,3 +172,63 @@ class RealContext(AdjointContext):
 
     def seed(self, seed_input):
         return seed_input
+
+
+STRUCTURAL = frozenset({"reshape", "transpose", "broadcast_to", "index"})
+
+
+class SemiringContext(AdjointContext):
+    """Emits semiring ops bound to one configured semiring. Structural ops applied to
+    semiring values are recorded in `valued`: for tuple carriers they map over components."""
+
+    def __init__(self, builder: GraphBuilder, semiring):
+        super().__init__(builder)
+        self.semiring = semiring
+        self.commutative = semiring.commutative
+        self.valued: set[str] = set()
+        one, zero = semiring.ones(()), semiring.zeros(())
+        self._is_one = lambda v: bool(np.all(semiring.equal(v, one, rtol=0, atol=0)))
+        self._is_zero = lambda v: bool(np.all(semiring.equal(v, zero, rtol=0, atol=0)))
+
+    def _sr(self, op: str, inputs, **attrs) -> str:
+        node = self.emit(op, inputs, **attrs)
+        self.valued.add(node)
+        return node
+
+    def emit(self, op, inputs, **attrs):
+        node = self.builder.emit(op, inputs, **attrs)
+        if op in STRUCTURAL and inputs and inputs[0] in self.valued:
+            self.valued.add(node)
+        return node
+
+    def edge_value(self, partial, g):
+        return self._sr("sr_mul", [self._sr("sr_lift", [partial]), g])
+
+    def edge_const(self, c, g):
+        lifted = self.semiring.lift(np.float64(c))
+        if self._is_one(lifted):
+            return g
+        if self._is_zero(lifted):
+            return None
+        return self.edge_value(self.const(c, "float64"), g)
+
+    def lift(self, x):
+        return self._sr("sr_lift", [x])
+
+    def add(self, a, b):
+        return self._sr("sr_add", [a, b])
+
+    def reduce(self, g, axes, keepdims):
+        return self._sr("sr_sum", [g], axes=tuple(axes), keepdims=keepdims)
+
+    def matmul(self, a, b):
+        return self._sr("sr_matmul", [a, b])
+
+    def scatter(self, g, index, shape):
+        return self._sr("sr_scatter", [g], index=tuple(index), shape=tuple(shape))
+
+    def one(self, t):
+        return self._sr("sr_ones", [], shape=t.shape)
+
+    def seed(self, seed_input):
+        return self._sr("sr_lift", [seed_input])

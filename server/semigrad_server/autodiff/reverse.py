@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..ir import Graph, Node, Type
+from ..ops import REGISTRY, Registry
 from .builder import GraphBuilder
 from .context import AdjointContext, RealContext
 
@@ -26,6 +27,8 @@ class BackwardGraph:
     gradients: dict[str, str | None]  # wrt input -> adjoint node id (None: no path, 0̄)
     outputs: dict[str, str]  # differentiated output name -> node id
     context: AdjointContext
+    adjoints: dict[str, str]  # every visited node -> its accumulated adjoint
+    seeds: dict[str, str]  # differentiated output node -> its seed value node
 
 
 def active_nodes(graph: Graph, order: Sequence[Node], types: dict[str, Type],
@@ -44,15 +47,17 @@ def active_nodes(graph: Graph, order: Sequence[Node], types: dict[str, Type],
 
 def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outputs: Sequence[str],
             wrt: Sequence[str], seeded: Sequence[str] = (),
-            context: Callable[[GraphBuilder], AdjointContext] = RealContext) -> BackwardGraph:
+            context: Callable[[GraphBuilder], AdjointContext] = RealContext,
+            registry: Registry = REGISTRY) -> BackwardGraph:
     """Build the backward graph. Outputs in `seeded` get their cotangent from an extra input
     named `seed:<output>`; the others are seeded with the semiring's one."""
-    builder = GraphBuilder(graph, order, types)
+    builder = GraphBuilder(graph, order, types, registry)
     ctx = context(builder)
     output_nodes = {name: graph.output_map[name] for name in outputs}
     active = active_nodes(graph, order, types, wrt, list(output_nodes.values()))
 
     pending: dict[str, list[str]] = {}
+    seeds: dict[str, str] = {}
     for name, ref in output_nodes.items():
         if ref not in active:
             continue
@@ -62,11 +67,13 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
         else:
             seed = ctx.one(t)
         pending.setdefault(ref, []).append(seed)
+        seeds[ref] = seed if ref not in seeds else ctx.add(seeds[ref], seed)
 
+    adjoints: dict[str, str] = {}
     for node in reversed(order):
         if node.id not in active or node.id not in pending:
             continue
-        g = _accumulate(ctx, pending.pop(node.id))
+        g = adjoints[node.id] = _accumulate(ctx, pending.pop(node.id))
         positions = [pos for pos, ref in enumerate(node.inputs) if ref in active]
         if not positions:
             continue
@@ -76,7 +83,8 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
                 pending.setdefault(node.inputs[pos], []).append(contribution)
 
     gradients = {x: _accumulate(ctx, pending[x]) if x in pending else None for x in wrt}
-    return BackwardGraph(builder.graph([]), builder.types, gradients, output_nodes, ctx)
+    adjoints.update({x: g for x, g in gradients.items() if g is not None})
+    return BackwardGraph(builder.graph([]), builder.types, gradients, output_nodes, ctx, adjoints, seeds)
 
 
 def _accumulate(ctx: AdjointContext, contributions: list[str]) -> str:

@@ -42,7 +42,7 @@ class OpDef:
     derivatives: tuple[tuple[str, str], ...] = ()  # (operand, formula text)
     doc: str = ""
     internal: bool = False  # used in generated backward graphs; listed but rarely written by hand
-    differentiable_operands: tuple[int, ...] | None = None  # None: all
+    bound: object = None  # the configured semiring a semiring op computes in
 
     @property
     def arity(self) -> int:

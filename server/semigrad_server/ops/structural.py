@@ -268,7 +268,7 @@ def _index_vjp(ctx, node, g, positions):
 def _scatter_infer(node, in_types, attrs):
     shape = tuple(int(d) for d in attrs["shape"])
     target = _index_infer(node, [Type(shape, in_types[0].dtype)], attrs)
-    if np.broadcast_shapes(target.shape, in_types[0].shape) != target.shape:
+    if broadcast_item_shapes(node, [target.shape, in_types[0].shape]) != target.shape:
         raise GraphError(node.id, f"cannot scatter {list(in_types[0].shape)} into {list(target.shape)}")
     return Type(shape, in_types[0].dtype)
 

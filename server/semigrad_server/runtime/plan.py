@@ -32,7 +32,9 @@ class Plan:
 
     def __init__(self, graph: Graph, order: Sequence[Node], types: Mapping[str, Type],
                  outputs: Sequence[tuple[str, str]], registry: Registry = REGISTRY,
-                 attrs: Mapping[str, dict] | None = None):
+                 attrs: Mapping[str, dict] | None = None, map_components: frozenset = frozenset()):
+        """`map_components`: nodes whose (single) operand is a tuple of arrays; their kernel
+        is applied to each component (structural ops on tuple-valued semiring values)."""
         needed = {ref for _, ref in outputs}
         live_order = []
         for node in reversed(order):
@@ -69,6 +71,8 @@ class Plan:
             op = registry.get(node)
             node_attrs = attrs[node.id] if attrs is not None else op.check_node(node, [types[r] for r in node.inputs])
             kernel = op.kernel(node_attrs, [types[r] for r in node.inputs], types[node.id])
+            if node.id in map_components:
+                kernel = _per_component(kernel)
             steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id],
                               tuple(frees.get(i, ()))))
         self.steps = tuple(steps)
@@ -94,3 +98,7 @@ class Plan:
                 for slot in step.free:
                     env[slot] = None
         return {name: env[slot] for name, slot in self.output_slots}
+
+
+def _per_component(kernel: Callable) -> Callable:
+    return lambda value: tuple(kernel(c) for c in value)

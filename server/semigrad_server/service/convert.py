@@ -92,3 +92,33 @@ def op_info(op: OpDef) -> pb.OpInfo:
         derivatives=[pb.DerivativeRule(operand=o, formula=f) for o, f in op.derivatives],
         doc=op.doc,
     )
+
+
+def params_from_proto(params: Mapping[str, pb.AttrValue]) -> dict[str, object]:
+    return {key: _attr("semiring_params", key, value) for key, value in params.items()}
+
+
+def gradient_response(result) -> pb.GradientResponse:
+    return pb.GradientResponse(
+        gradients=arrays_to_tensors(result.gradients),
+        outputs=arrays_to_tensors(result.outputs),
+        components={x: pb.Tensors(tensors=arrays_to_tensors(parts)) for x, parts in result.components.items()},
+        best_paths=[pb.BestPath(
+            start=pb.ElementRef(input=p.input, index=p.index), output=p.output,
+            steps=[pb.PathStep(node=node, index=index, partial=partial) for node, index, partial in p.steps],
+            value=p.value) for p in result.best_paths],
+    )
+
+
+def semiring_info(record) -> pb.SemiringInfo:
+    s = record.semiring
+    info = pb.SemiringInfo(name=record.name, distribution=record.distribution, version=record.version,
+                           entry_point=record.entry_point, status=record.status, error=record.error)
+    if s is not None:
+        info.description = s.description
+        info.commutative, info.idempotent, info.selective = s.commutative, s.idempotent, s.selective
+        info.components = s.components
+        info.component_names.extend(s.component_names)
+        info.primary = s.primary
+        info.parameters.update(dict(s.parameters))
+    return info

@@ -70,12 +70,19 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
 
     @rpc
     def Gradient(self, request, context):
-        grads, outputs = self.engine.gradient(
+        result = self.engine.gradient(
             request.graph_id, convert.tensors_to_arrays(request.inputs, "input"), wrt=list(request.wrt),
             seeds=convert.tensors_to_arrays(request.seeds, "seed"), outputs=list(request.outputs),
-            return_outputs=request.return_outputs, deadline=deadline_of(context))
-        return pb.GradientResponse(gradients=convert.arrays_to_tensors(grads),
-                                   outputs=convert.arrays_to_tensors(outputs))
+            return_outputs=request.return_outputs, semiring=request.semiring,
+            semiring_params=convert.params_from_proto(request.semiring_params),
+            return_components=request.return_components,
+            best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
+            deadline=deadline_of(context))
+        return convert.gradient_response(result)
+
+    @rpc
+    def ListSemirings(self, request, context):
+        return pb.ListSemiringsResponse(semirings=[convert.semiring_info(r) for r in self.engine.semirings.records])
 
     @rpc
     def ListOps(self, request, context):

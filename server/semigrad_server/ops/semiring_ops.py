@@ -1,0 +1,108 @@
+"""Ops of backward graphs under a semiring other than the real one, bound to one configured
+semiring: lift, ⊗, ⊕, ⊕-reduce, semiring matmul, scatter into 0̄, 1̄.
+
+Their values are semiring values (an array, or a tuple of arrays for tuple carriers); their
+types give the item shape only. They have no adjoints: a non-real backward graph is not
+differentiated again.
+"""
+
+from __future__ import annotations
+
+from ..ir import Type
+from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes
+from .structural import _index_infer, _matmul_infer, _reduce_infer, full_index
+
+SEMIRING_OPS = ("sr_lift", "sr_mul", "sr_add", "sr_sum", "sr_matmul", "sr_scatter", "sr_ones")
+
+
+def _value_type(shape) -> Type:
+    return Type(tuple(shape), "float64")
+
+
+def _binary_infer(node, in_types, attrs):
+    return _value_type(broadcast_item_shapes(node, [t.shape for t in in_types]))
+
+
+def _scatter_infer(node, in_types, attrs):
+    shape = tuple(attrs["shape"])
+    _index_infer(node, [Type(shape, "float64")], attrs)  # validates the index against the shape
+    return _value_type(shape)
+
+
+_REGISTRIES: dict[str, Registry] = {}
+_MAX_CACHED = 64
+
+
+def semiring_registry(base: Registry, semiring) -> Registry:
+    """`base` plus the semiring ops bound to `semiring` (cached per configured semiring)."""
+    registry = _REGISTRIES.get(semiring.key)
+    if registry is None or registry.ops["sr_add"].bound is not semiring:
+        if len(_REGISTRIES) >= _MAX_CACHED:
+            _REGISTRIES.clear()
+        registry = _REGISTRIES[semiring.key] = _bind(base, semiring)
+    return registry
+
+
+def _bind(base: Registry, s) -> Registry:
+    registry = Registry(dict(base.ops))
+    m = s.map
+
+    def aligned(fn):
+        def make(attrs, in_types, out_type):
+            ranks, out_rank = [t.rank for t in in_types], out_type.rank
+            if all(r == out_rank for r in ranks):
+                return fn
+            return lambda *vals: fn(*(m(lambda c, r=r: align(c, r, out_rank), v) for v, r in zip(vals, ranks)))
+
+        return make
+
+    def sum_kernel(attrs, in_types, out_type):
+        rank = in_types[0].rank
+        axes = tuple(a % rank - rank for a in attrs["axes"])
+        return lambda v: s.sum(v, axis=axes, keepdims=attrs["keepdims"])
+
+    def matmul_kernel(attrs, in_types, out_type):
+        ra, rb, r = in_types[0].rank, in_types[1].rank, out_type.rank
+        return lambda a, b: s.matmul(m(lambda c: align(c, ra, r), a), m(lambda c: align(c, rb, r), b))
+
+    def scatter_kernel(attrs, in_types, out_type):
+        rank, shape = in_types[0].rank, out_type.shape
+        key = full_index(attrs["index"], len(shape))
+
+        def scatter(g):
+            lead = s.shape(g)[: len(s.shape(g)) - rank]
+            out = s.zeros(lead + shape)
+            for target, part in zip(s.components_of(out), s.components_of(g)):
+                target[key] = part
+            return out
+
+        return scatter
+
+    def ones_kernel(attrs, in_types, out_type):
+        value = s.ones(out_type.shape)
+        return lambda: value
+
+    def sum_infer(node, in_types, attrs):
+        return _value_type(_reduce_infer(node, in_types, attrs).shape)
+
+    ops = [
+        OpDef("sr_lift", "semiring", ("d",), lambda n, t, a: _value_type(t[0].shape),
+              lambda attrs, in_types, out_type: s.lift, doc="φ: a real local partial into the semiring"),
+        OpDef("sr_mul", "semiring", ("a", "b"), _binary_infer, aligned(s.mul), doc="a ⊗ b"),
+        OpDef("sr_add", "semiring", ("a", "b"), _binary_infer, aligned(s.add), doc="a ⊕ b"),
+        OpDef("sr_sum", "semiring", ("x",), sum_infer, sum_kernel,
+              attrs=(AttrSpec("axes", "ints", required=True), AttrSpec("keepdims", "bool", default=False)),
+              doc="⊕-reduce over axes"),
+        OpDef("sr_matmul", "semiring", ("a", "b"), lambda n, t, a: _value_type(_matmul_infer(n, t, a).shape),
+              matmul_kernel, doc="semiring matmul: ⊕ over k of a[i, k] ⊗ b[k, j]"),
+        OpDef("sr_scatter", "semiring", ("x",), _scatter_infer, scatter_kernel,
+              attrs=(AttrSpec("index", "index", required=True), AttrSpec("shape", "ints", required=True)),
+              doc="0̄ of `shape` with x written at `index`"),
+        OpDef("sr_ones", "semiring", (), lambda n, t, a: _value_type(a["shape"]), ones_kernel,
+              attrs=(AttrSpec("shape", "ints", required=True),), doc="1̄ of `shape`"),
+    ]
+    for op in ops:
+        op.internal = True
+        op.bound = s
+        registry.ops[op.name] = op
+    return registry

@@ -1,0 +1,6 @@
+"""Semirings for the backward pass: the plugin API, the real semiring, discovery, axiom checks."""
+
+from .base import API_VERSION, Semiring, Value
+from .checker import check_axioms
+
+__all__ = ["API_VERSION", "Semiring", "Value", "check_axioms"]
