@@ -1,4 +1,4 @@
-"""Command line: `semigrad serve ...`."""
+"""Command line: `semigrad serve ...`, `semigrad plugins [check NAME]`."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
         value = getattr(defaults, name)
         serve.add_argument("--" + name.replace("_", "-"), type=type(value), default=value,
                            help=f"limit (default {value})")
+
+    plugins = commands.add_parser("plugins", help="list the semiring plugins (entry point group semigrad.semirings)")
+    plugin_commands = plugins.add_subparsers(dest="plugins_command")
+    check = plugin_commands.add_parser("check", help="check a semiring's axioms, law by law")
+    check.add_argument("name", help="the semiring's entry point name")
+    check.add_argument("--samples", type=int, default=None, help="random samples per law (default: the checker's)")
+    check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    check.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="semiring parameter, e.g. k=5 for kbest (repeatable)")
     return parser
 
 
@@ -39,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
 
         limits = Limits(**{name: getattr(args, name) for name in Limits.names()})
         serve(args.host, args.port, limits=limits, threads=args.threads)
+    elif args.command == "plugins":
+        from . import plugins_cli
+
+        if args.plugins_command == "check":
+            params = plugins_cli.parse_params(args.param)
+            return plugins_cli.check(args.name, samples=args.samples, seed=args.seed, params=params)
+        return plugins_cli.list_plugins()
     return 0
 
 

@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import sympy as sp
 
+from ..errors import GraphError
 from ..ir import Type
 from .base import OpDef, Registry, align, broadcast_item_shapes
 from .sym import X, Y, expm1, log1p, relu, sigmoid, softplus
@@ -102,8 +103,12 @@ def elementwise_vjp(partials: dict[int, sp.Expr], symbols: tuple[sp.Symbol, ...]
 def infer_elementwise(fn: Callable):
     def infer(node, in_types, attrs):
         shape = broadcast_item_shapes(node, [t.shape for t in in_types])
-        with np.errstate(all="ignore"):
-            probe = fn(*(np.zeros((), dtype=t.dtype) for t in in_types))
+        try:
+            with np.errstate(all="ignore"):
+                probe = fn(*(np.zeros((), dtype=t.dtype) for t in in_types))
+        except TypeError:  # NumPy has no kernel for these dtypes (e.g. sub or neg of bools)
+            dtypes = ", ".join(t.dtype for t in in_types)
+            raise GraphError(node.id, f"op '{node.op}' does not accept operands of dtype {dtypes}") from None
         return Type(shape, np.asarray(probe).dtype.name)
 
     return infer

@@ -8,6 +8,8 @@ ordinary ops, so a backward graph can itself be differentiated.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import GraphError
@@ -157,11 +159,11 @@ def _reshape_target(node, t, shape):
     if len(unknown) > 1 or any(d < -1 for d in shape):
         raise GraphError(node.id, f"bad reshape target {list(shape)}")
     if unknown:
-        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        known = math.prod(d for d in shape if d != -1)
         if known == 0 or t.size % known:
             raise GraphError(node.id, f"cannot reshape {list(t.shape)} into {list(shape)}")
         shape = tuple(t.size // known if d == -1 else d for d in shape)
-    if int(np.prod(shape, dtype=np.int64)) != t.size:
+    if math.prod(shape) != t.size:
         raise GraphError(node.id, f"cannot reshape {list(t.shape)} ({t.size} elements) into {list(shape)}")
     return shape
 

@@ -1,0 +1,120 @@
+"""`semigrad serve` as a real process: health, reflection, a gradient through semigrad.Client,
+one log line per request, graceful exit on SIGTERM; and the command line's --version and --help."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import numpy as np
+import pytest
+import semigrad as sg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from semigrad_server import __version__ as server_version
+from semigrad_server.limits import Limits
+
+STARTUP_TIMEOUT = 30.0
+EXIT_TIMEOUT = 10.0
+RPC_LINE = re.compile(r"\brpc=(\w+)\b.*\bstatus=(\w+)\b")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "semigrad_server", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def wait_until_serving(address: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(f"server exited early with {process.returncode}: {process.communicate()}")
+            try:
+                response = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{address} not SERVING after {STARTUP_TIMEOUT} s")
+            time.sleep(0.1)
+
+
+def list_services(address: str) -> list[str]:
+    with grpc.insecure_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                              timeout=10)
+        return [s.name for r in responses for s in r.list_services_response.service]
+
+
+@pytest.fixture
+def served():
+    """A `semigrad serve` subprocess on a free loopback port: yields (address, process)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_serving(f"127.0.0.1:{port}", process)
+        yield f"127.0.0.1:{port}", process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_serve_answers_health_reflection_and_gradients_then_stops_gracefully(served):
+    address, process = served
+
+    services = list_services(address)
+    assert "semigrad.v1.GraphService" in services
+    assert "grpc.health.v1.Health" in services
+
+    g = sg.Graph()
+    a = g.input("A", (2, 2))
+    g.output("trace_sq", sg.sum(a * a))
+    with sg.Client(address, timeout=10) as client:
+        f = client.register(g)
+        matrix = np.array([[1.0, 2.0], [3.0, 4.0]])
+        np.testing.assert_array_equal(f.gradient({"A": matrix})["A"], 2 * matrix)
+        with pytest.raises(sg.NotFound):
+            client.get_graph("gnosuchgraph")
+    expected = [("RegisterGraph", "OK"), ("Gradient", "OK"), ("GetGraph", "NOT_FOUND")]
+
+    process.send_signal(signal.SIGTERM)
+    try:
+        log, _ = process.communicate(timeout=EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"server still running {EXIT_TIMEOUT} s after SIGTERM")
+    assert process.returncode == 0, log
+    rpc_lines = [m.groups() for m in map(RPC_LINE.search, log.splitlines()) if m]
+    assert rpc_lines == expected, log
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"semigrad {server_version}"
+
+
+def test_serve_help_lists_the_limit_flags():
+    result = run_cli("serve", "--help")
+    assert result.returncode == 0, result.stderr
+    flags = {"--" + name.replace("_", "-") for name in Limits.names()}
+    assert {"--max-nodes", "--max-node-elements", "--max-batch", "--max-request-elements"} <= flags
+    for flag in sorted(flags | {"--host", "--port"}):
+        assert flag in result.stdout, f"{flag} missing from `serve --help`"
