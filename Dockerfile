@@ -7,7 +7,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY . /app
-RUN pip install .
+RUN pip install . ./plugins/semigrad-paths ./plugins/semigrad-logic
 
 EXPOSE 50051
 CMD ["semigrad", "serve", "--host", "0.0.0.0", "--port", "50051"]

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from importlib import metadata
+
 
 from . import __version__
 from .limits import Limits
+from .semiring.base import API_VERSION, Semiring
+from .semiring.checker import SAMPLES, law_results
+from .semiring.loader import GROUP, SemiringRegistry
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50051
@@ -33,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugin_commands = plugins.add_subparsers(dest="plugins_command")
     check = plugin_commands.add_parser("check", help="check a semiring's axioms, law by law")
     check.add_argument("name", help="the semiring's entry point name")
-    check.add_argument("--samples", type=int, default=None, help="random samples per law (default: the checker's)")
+    check.add_argument("--samples", type=_positive_int, default=None, help="random samples per law (default: the checker's)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     check.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                        help="semiring parameter, e.g. k=5 for kbest (repeatable)")
@@ -49,14 +54,125 @@ def main(argv: list[str] | None = None) -> int:
         limits = Limits(**{name: getattr(args, name) for name in Limits.names()})
         serve(args.host, args.port, limits=limits, threads=args.threads)
     elif args.command == "plugins":
-        from . import plugins_cli
-
         if args.plugins_command == "check":
-            params = plugins_cli.parse_params(args.param)
-            return plugins_cli.check(args.name, samples=args.samples, seed=args.seed, params=params)
-        return plugins_cli.list_plugins()
+            return plugins_check(args.name, samples=args.samples, seed=args.seed, params=_parse_params(args.param))
+        return plugins_list()
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# ---------------------------------------------------------------- semigrad plugins
+
+
+def plugins_list(out=None) -> int:
+    """Print every entry point of the semiring group with its load status (always exits 0)."""
+    out = out or sys.stdout
+    registry = _quietly(SemiringRegistry)
+    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "PROPERTIES", "ERROR")]
+    for r in registry.records:
+        props = _properties(r.semiring) if r.semiring is not None else "-"
+        rows.append((r.name, r.distribution or "-", r.version or "-", r.status, props, r.error or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1], file=out)
+    if not registry.records:
+        print("(no entry points in the group; is semigrad installed?)", file=out)
+    return 0
+
+
+def plugins_check(name: str, samples: int | None = None, seed: int = 0,
+                  params: dict | None = None, out=None) -> int:
+    """Run the axiom checks on the entry point(s) called `name`, law by law.
+
+    Loads the entry point directly, so a plugin the registry rejected (e.g. for a failed
+    self-check) is still checked and the failing laws are shown. Exit status: 0 when every
+    law holds, 1 when some law fails or the plugin cannot be loaded, 2 for an unknown name
+    or bad parameters.
+    """
+    out = out or sys.stdout
+    eps = sorted((ep for ep in metadata.entry_points(group=GROUP) if ep.name == name), key=lambda e: e.value)
+    if not eps:
+        known = sorted({ep.name for ep in metadata.entry_points(group=GROUP)})
+        print(f"unknown semiring '{name}'; installed: {', '.join(known) or '(none)'}", file=sys.stderr)
+        return 2
+    return max(_check_entry_point(ep, samples, seed, params or {}, out) for ep in eps)
+
+
+def _check_entry_point(ep, samples, seed, params, out) -> int:
+    dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown distribution"
+    print(f"semiring '{ep.name}' = {ep.value} ({dist})", file=out)
+    record = _quietly(SemiringRegistry, entry_points=[ep]).records[0]
+    print(f"loader status: {record.status}" + (f" ({record.error})" if record.error else ""), file=out)
+    try:
+        obj = ep.load()
+        semiring = obj() if isinstance(obj, type) else obj
+    except Exception as e:
+        print(f"FAIL  cannot load: {type(e).__name__}: {e}", file=out)
+        return 1
+    if not isinstance(semiring, Semiring):
+        print(f"FAIL  {ep.value} is not a semigrad_server.semiring.Semiring", file=out)
+        return 1
+    if semiring.api_version != API_VERSION:
+        print(f"warning: plugin API version {semiring.api_version}; this server speaks {API_VERSION}", file=out)
+    if semiring.name != ep.name:
+        print(f"warning: the semiring calls itself '{semiring.name}'", file=out)
+    if params:
+        try:
+            semiring = semiring.configure(params)
+        except (ValueError, TypeError) as e:
+            print(f"bad parameters: {e}", file=sys.stderr)
+            return 2
+    samples = SAMPLES if samples is None else samples
+    print(f"properties: {_properties(semiring)}; key {semiring.key}; {samples} samples, seed {seed}", file=out)
+    try:
+        results = law_results(semiring, seed=seed, samples=samples)
+    except Exception as e:
+        print(f"FAIL  the checks crashed: {type(e).__name__}: {e}", file=out)
+        return 1
+    for law, holds in results.items():
+        print(f"{'PASS' if holds else 'FAIL'}  {law}", file=out)
+    failed = sum(not holds for holds in results.values())
+    print(f"{failed} of {len(results)} laws failed" if failed else f"all {len(results)} laws hold", file=out)
+    return 1 if failed else 0
+
+
+def _properties(semiring) -> str:
+    props = [p for p in ("commutative", "idempotent", "selective") if getattr(semiring, p, False)]
+    if semiring.components != 1:
+        props.append(f"components={semiring.components}")
+    if semiring.parameters:
+        props.append("params=" + "/".join(semiring.parameters))
+    return ",".join(props) or "-"
+
+
+def _quietly(fn, *args, **kwargs):
+    """Call fn with the plugin loader's warnings silenced (the CLI prints the errors itself)."""
+    logger = logging.getLogger("semigrad.plugins")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        logger.setLevel(level)
+
+
+def _parse_params(items: list[str]) -> dict:
+    """KEY=VALUE strings; values are read as int, then float, then kept as strings."""
+    params = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"semigrad: --param expects KEY=VALUE, got '{item}'")
+        for convert in (int, float, str):
+            try:
+                params[key] = convert(text)
+                break
+            except ValueError:
+                continue
+    return params
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

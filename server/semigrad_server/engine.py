@@ -181,9 +181,9 @@ class Engine:
             outputs += [(ADJOINT_PREFIX + ref, adj) for ref, adj in bg.adjoints.items()]
             outputs += [(SEED_VALUE_PREFIX + ref, seed) for ref, seed in bg.seeds.items()]
             outputs += [(VALUE_PREFIX + n.id, n.id) for n in cg.order]
-        valued = getattr(bg.context, "valued", set()) if s.components > 1 else set()
         plan = Plan(bg.graph, bg.graph.nodes, bg.types, outputs, registry=registry,
-                    attrs=bg.context.builder.attrs, map_components=frozenset(valued))
+                    attrs=bg.context.builder.attrs,
+                    map_components=bg.context.structural_on_values() if s.components > 1 else frozenset())
         return CompiledGradient(plan, bg)
 
     # ------------------------------------------------------------ helpers

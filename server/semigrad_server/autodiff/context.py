@@ -190,6 +190,11 @@ class SemiringContext(AdjointContext):
         self._is_one = lambda v: bool(np.all(semiring.equal(v, one, rtol=0, atol=0)))
         self._is_zero = lambda v: bool(np.all(semiring.equal(v, zero, rtol=0, atol=0)))
 
+    def structural_on_values(self) -> frozenset:
+        """Structural nodes whose operand is a semiring value: for tuple carriers their
+        kernels apply to each component (semiring ops take whole values themselves)."""
+        return frozenset(n for n in self.valued if self.builder.ops[n].name in STRUCTURAL)
+
     def _sr(self, op: str, inputs, **attrs) -> str:
         node = self.emit(op, inputs, **attrs)
         self.valued.add(node)

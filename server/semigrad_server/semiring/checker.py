@@ -11,6 +11,11 @@ SAMPLES = 64
 
 def check_axioms(s: Semiring, seed: int = 0, samples: int = SAMPLES) -> list[str]:
     """Return the violated laws (empty when all hold on the samples)."""
+    return [law for law, holds in law_results(s, seed, samples).items() if not holds]
+
+
+def law_results(s: Semiring, seed: int = 0, samples: int = SAMPLES) -> dict[str, bool]:
+    """Every law checked for this semiring's declared properties, and whether it holds."""
     rng = np.random.default_rng(seed)
     a, b, c = (s.sample(rng, (samples,)) for _ in range(3))
     zero, one = s.zeros((samples,)), s.ones((samples,))
@@ -31,29 +36,25 @@ def check_axioms(s: Semiring, seed: int = 0, samples: int = SAMPLES) -> list[str
         laws["⊗ is commutative (declared)"] = (s.mul(a, b), s.mul(b, a))
     if s.idempotent:
         laws["⊕ is idempotent (declared)"] = (s.add(a, a), a)
-    problems = [law for law, (left, right) in laws.items() if not np.all(s.equal(left, right))]
+    results = {law: bool(np.all(s.equal(left, right))) for law, (left, right) in laws.items()}
     if s.selective:
         total = s.add(a, b)
-        if not np.all(s.equal(total, a) | s.equal(total, b)):
-            problems.append("⊕ is selective (declared)")
-    problems += _check_reductions(s, rng)
-    return problems
+        results["⊕ is selective (declared)"] = bool(np.all(s.equal(total, a) | s.equal(total, b)))
+    results.update(_check_reductions(s, rng))
+    return results
 
 
-def _check_reductions(s: Semiring, rng: np.random.Generator) -> list[str]:
+def _check_reductions(s: Semiring, rng: np.random.Generator) -> dict[str, bool]:
     """sum and matmul (possibly overridden) must agree with add and mul."""
-    problems = []
     x = s.sample(rng, (3, 5))
     folded = s.map(lambda c: c[:, 0], x)
     for j in range(1, 5):
         folded = s.add(folded, s.map(lambda c: c[:, j], x))
-    if not np.all(s.equal(s.sum(x, axis=(-1,)), folded)):
-        problems.append("sum disagrees with repeated ⊕")
+    sum_ok = bool(np.all(s.equal(s.sum(x, axis=(-1,)), folded)))
     y = s.sample(rng, (5, 2))
     expected = None
     for k in range(5):
         term = s.mul(s.map(lambda c: c[:, k, None], x), s.map(lambda c: c[None, k, :], y))
         expected = term if expected is None else s.add(expected, term)
-    if not np.all(s.equal(s.matmul(x, y), expected)):
-        problems.append("matmul disagrees with ⊕ of ⊗")
-    return problems
+    return {"sum agrees with repeated ⊕": sum_ok,
+            "matmul agrees with ⊕ of ⊗": bool(np.all(s.equal(s.matmul(x, y), expected)))}

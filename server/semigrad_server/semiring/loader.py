@@ -56,7 +56,7 @@ def _load(ep: metadata.EntryPoint, seed: int) -> PluginRecord:
     except Exception as e:
         return failed(f"axiom self-check crashed: {type(e).__name__}: {e}")
     if problems:
-        return failed("axiom self-check failed: " + "; ".join(problems))
+        return failed("axiom self-check: these laws do not hold: " + "; ".join(problems))
     return PluginRecord(semiring.name, ep.value, dist, version, "ok", "", semiring)
 
 

@@ -118,7 +118,7 @@ def semiring_info(record) -> pb.SemiringInfo:
         info.description = s.description
         info.commutative, info.idempotent, info.selective = s.commutative, s.idempotent, s.selective
         info.components = s.components
-        info.component_names.extend(s.component_names)
+        info.component_names.extend(s.read(s.ones((1,))))  # the names a gradient's components come back under
         info.primary = s.primary
         info.parameters.update(dict(s.parameters))
     return info

@@ -1,0 +1,62 @@
+"""The entropy semiring: Shannon entropy of the distribution of paths weighted by Π|∂|."""
+
+from __future__ import annotations
+
+import numpy as np
+from semigrad_server.semiring.base import Semiring
+
+
+class EntropySemiring(Semiring):
+    """For each input element, the entropy H of the path distribution p(path) = w/Z where
+    w = Π|∂| along the path and Z = Σ_paths w.
+
+    Carrier (Z, R), with R = Σ_paths -w log w (an expectation semiring):
+      (Z1, R1) ⊕ (Z2, R2) = (Z1 + Z2, R1 + R2)
+      (Z1, R1) ⊗ (Z2, R2) = (Z1 Z2, Z1 R2 + Z2 R1)
+      0̄ = (0, 0), 1̄ = (1, 0), φ(d) = (p, -p log p) with p = |d| and 0 log 0 = 0.
+    Then H = log Z + R / Z (0 where Z = 0, i.e. where no path has a non-zero weight).
+    read() returns {"entropy": H, "Z": Z, "R": R}; the gradient is H.
+    """
+
+    name = "entropy"
+    description = "entropy of the path distribution p(path) ∝ product of |local derivative|"
+    commutative = True
+    idempotent = False
+    selective = False
+    components = 2
+    component_names = ("Z", "R")
+    primary = "entropy"
+
+    def zeros(self, shape):
+        return np.zeros(shape), np.zeros(shape)
+
+    def ones(self, shape):
+        return np.ones(shape), np.zeros(shape)
+
+    def add(self, a, b):
+        return np.add(a[0], b[0]), np.add(a[1], b[1])
+
+    def mul(self, a, b):
+        (z1, r1), (z2, r2) = a, b
+        return np.multiply(z1, z2), z1 * r2 + z2 * r1
+
+    def lift(self, d):
+        p = np.abs(np.asarray(d, dtype=np.float64))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(p > 0, -p * np.log(p), 0.0)
+        return p, r
+
+    def sum(self, a, axis, keepdims=False):
+        axis = tuple(axis)
+        return np.sum(a[0], axis=axis, keepdims=keepdims), np.sum(a[1], axis=axis, keepdims=keepdims)
+
+    def matmul(self, a, b):
+        (za, ra), (zb, rb) = a, b
+        # ⊕_k (Za Zb, Za Rb + Ra Zb) = (Za @ Zb, Za @ Rb + Ra @ Zb)
+        return np.matmul(za, zb), np.matmul(za, rb) + np.matmul(ra, zb)
+
+    def read(self, value):
+        z, r = (np.asarray(c, dtype=np.float64) for c in value)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = np.where(z > 0, np.log(z) + r / z, 0.0)
+        return {"entropy": h, "Z": z, "R": r}

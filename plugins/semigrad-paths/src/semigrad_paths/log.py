@@ -1,0 +1,91 @@
+"""The log semiring: log Σ_paths Π|∂|, computed stably in log space."""
+
+from __future__ import annotations
+
+import numpy as np
+from semigrad_server.semiring.base import MATMUL_BLOCK_ELEMENTS, Semiring
+
+# matmul: where the shifted sum of exponentials falls below this, terms may have underflowed
+# (become subnormal or 0) and the entry is recomputed exactly with a log-sum-exp over k.
+# Above it, the underflowed terms (each < 2.3e-308) change the sum by less than k · 1e-58.
+_UNDERFLOW = 1e-250
+
+
+def logsumexp(a: np.ndarray, axis: tuple[int, ...], keepdims: bool = False) -> np.ndarray:
+    """log Σ exp(a) over `axis`, stably: all -inf (or empty) slices give -inf, never nan."""
+    a = np.asarray(a, dtype=np.float64)
+    axis = tuple(axis)
+    m = np.max(a, axis=axis, keepdims=True, initial=-np.inf)
+    shift = np.where(np.isfinite(m), m, 0.0)  # -inf slices: exp(-inf - 0) = 0, log 0 = -inf
+    with np.errstate(divide="ignore", over="ignore"):
+        out = np.log(np.sum(np.exp(a - shift), axis=axis, keepdims=True)) + shift
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+class LogSemiring(Semiring):
+    """(logaddexp, +, -inf, 0, φ = log|d|): for each input element, log Σ_paths Π|∂|, i.e.
+    the log of the ordinary gradient of the network with every local derivative replaced by
+    its absolute value. It never overflows or underflows where the real gradient would.
+
+    Values are float64 arrays of logs; φ(0) = log 0 = -inf = 0̄ (without warnings).
+    `sum` is a stable log-sum-exp; `matmul` uses BLAS on max-shifted exponentials and
+    recomputes exactly (blocked log-sum-exp) the entries where that could have underflowed.
+    """
+
+    name = "log"
+    description = "log of the sum over paths of the product of |local derivative| (log-sum-exp, stable)"
+    commutative = True
+    idempotent = False
+    selective = False
+
+    def zeros(self, shape):
+        return np.full(shape, -np.inf)
+
+    def ones(self, shape):
+        return np.zeros(shape)
+
+    def add(self, a, b):
+        return np.logaddexp(a, b)
+
+    def mul(self, a, b):
+        return np.add(a, b)
+
+    def lift(self, d):
+        with np.errstate(divide="ignore"):
+            return np.log(np.abs(np.asarray(d, dtype=np.float64)))
+
+    def sum(self, a, axis, keepdims=False):
+        return logsumexp(a, axis, keepdims)
+
+    def matmul(self, a, b):
+        a = np.asarray(a, dtype=np.float64)
+        b = np.asarray(b, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            # Row maxima of a and column maxima of b; -inf rows/columns are left unshifted.
+            am = np.max(a, axis=-1, keepdims=True, initial=-np.inf)
+            bm = np.max(b, axis=-2, keepdims=True, initial=-np.inf)
+            am = np.where(np.isfinite(am), am, 0.0)
+            bm = np.where(np.isfinite(bm), bm, 0.0)
+            s = np.matmul(np.exp(a - am), np.exp(b - bm))  # every term ≤ 1: no overflow
+            out = np.log(s) + am + bm
+            # An entry is exactly -inf iff every k has a[i,k] = -inf or b[k,j] = -inf.
+            reachable = np.matmul((a > -np.inf).astype(np.float64), (b > -np.inf).astype(np.float64)) > 0
+        suspect = reachable & (s < _UNDERFLOW)
+        if np.any(suspect):
+            _exact_entries(a, b, out, suspect)
+        return out
+
+
+def _exact_entries(a: np.ndarray, b: np.ndarray, out: np.ndarray, which: np.ndarray) -> None:
+    """out[e] = logsumexp_k a[..., i, k] + b[..., k, j] for the entries e where `which` holds."""
+    lead = out.shape[:-2]
+    k = a.shape[-1]
+    rows_of = np.broadcast_to(a, lead + a.shape[-2:])
+    cols_of = np.swapaxes(np.broadcast_to(b, lead + b.shape[-2:]), -1, -2)  # (..., n, k)
+    index = np.nonzero(which)
+    chunk = max(1, MATMUL_BLOCK_ELEMENTS // max(1, k))
+    for start in range(0, len(index[0]), chunk):
+        part = tuple(ix[start:start + chunk] for ix in index)
+        batch, i, j = part[:-2], part[-2], part[-1]
+        terms = rows_of[batch + (i,)] + cols_of[batch + (j,)]  # (entries, k)
+        out[part] = logsumexp(terms, axis=(-1,))
