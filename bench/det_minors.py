@@ -86,7 +86,7 @@ def bench_size(n: int, args, engine: Engine, client: semigrad.Client) -> dict:
     batch = rng.standard_normal((args.batch, n, n))
 
     def local(a):
-        return engine.gradient(gid, {"A": a})[0]["A"]
+        return engine.gradient(gid, {"A": a}).gradients["A"]
 
     def remote(a):
         return f.gradient({"A": a})["A"]

@@ -24,6 +24,7 @@ from .limits import Limits
 from .ops import REGISTRY, node_type
 from .ops.semiring_ops import semiring_registry
 from .runtime import Plan
+from .runtime.compiled import compile_executable
 from .semiring.loader import SemiringRegistry, default_registry
 from .store import MemoryStore
 
@@ -111,9 +112,10 @@ class Engine:
                 raise InvalidArgument(f"unknown node '{ref}' requested")
         batch = self._batch(cg, inputs)
         key = ("evaluate", tuple(names), tuple(nodes))
-        plan = self._plan(cg, key, lambda: Plan(
+        plan = self._plan(cg, key, lambda: compile_executable(
             cg.graph, cg.order, cg.types,
-            [(n, cg.graph.output_map[n]) for n in names] + [("node:" + r, r) for r in nodes], attrs=cg.attrs))
+            [(n, cg.graph.output_map[n]) for n in names] + [("node:" + r, r) for r in nodes],
+            registry=REGISTRY, attrs=cg.attrs))
         results = self._run(plan, batch, deadline)
         out = {n: _full(results[n], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names}
         node_values = {r: _full(results["node:" + r], batch.shape, cg.types[r]) for r in nodes}
@@ -181,9 +183,10 @@ class Engine:
             outputs += [(ADJOINT_PREFIX + ref, adj) for ref, adj in bg.adjoints.items()]
             outputs += [(SEED_VALUE_PREFIX + ref, seed) for ref, seed in bg.seeds.items()]
             outputs += [(VALUE_PREFIX + n.id, n.id) for n in cg.order]
-        plan = Plan(bg.graph, bg.graph.nodes, bg.types, outputs, registry=registry,
-                    attrs=bg.context.builder.attrs,
-                    map_components=bg.context.structural_on_values() if s.components > 1 else frozenset())
+        plan = compile_executable(
+            bg.graph, bg.graph.nodes, bg.types, outputs, registry=registry, attrs=bg.context.builder.attrs,
+            map_components=bg.context.structural_on_values() if s.components > 1 else frozenset(),
+            semiring=None if s.name == "real" else s, backend="tensor" if keep_all else "auto")
         return CompiledGradient(plan, bg)
 
     # ------------------------------------------------------------ helpers
@@ -201,10 +204,10 @@ class Engine:
 
     def _run(self, plan: Plan, batch: Batch, deadline: float | None):
         items = int(np.prod(batch.shape, dtype=np.int64))
-        work = items * plan.item_elements()
+        work = items * plan.item_elements
         if work > self.limits.max_request_elements:
             raise ResourceExhausted(
-                f"request would compute {work} elements ({items} batch items × {plan.item_elements()} per item); "
+                f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item); "
                 f"the limit is {self.limits.max_request_elements}: send smaller batches")
         bound = time.monotonic() + self.limits.max_request_seconds
         return plan.run(batch.arrays, min(deadline, bound) if deadline is not None else bound)

@@ -8,6 +8,7 @@ tuple of arrays): every op works on the trailing axes given by its type.
 from __future__ import annotations
 
 import hashlib
+import math
 import heapq
 import json
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ class Type:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=object))  # exact: int64 would wrap past 2**63
+        return math.prod(self.shape)  # exact: an int64 product would wrap past 2**63
 
     @property
     def is_float(self) -> bool:

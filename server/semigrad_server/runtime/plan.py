@@ -55,6 +55,7 @@ class Plan:
         self.n_slots = len(slots)
         self.types = {ref: types[ref] for ref in slots}
         self.nodes = live_order
+        self.item_elements = sum(t.size for t in self.types.values()) or 1
 
         last_use: dict[int, int] = {}
         for i, node in enumerate(live_order):
@@ -76,10 +77,6 @@ class Plan:
             steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id],
                               tuple(frees.get(i, ()))))
         self.steps = tuple(steps)
-
-    def item_elements(self) -> int:
-        """Elements per batch item over all values of the plan (a bound on the work and memory)."""
-        return sum(t.size for t in self.types.values()) or 1
 
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None) -> dict[str, np.ndarray]:
         env: list = [None] * self.n_slots
