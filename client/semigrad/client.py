@@ -118,19 +118,20 @@ class RegisteredGraph:
         return f"RegisteredGraph({self.id!r}, inputs={list(self.input_specs)})"
 
     def evaluate(self, inputs: Mapping[str, object], outputs: str | Iterable[str] | None = None,
-                 nodes: str | Iterable[str] | None = None) -> dict[str, np.ndarray]:
+                 nodes: str | Iterable[str] | None = None, *, backend: str = "auto") -> dict[str, np.ndarray]:
         """Evaluate the graph and return ``{name: value}``.
 
         The dict holds the requested ``outputs`` (default: all) by output name and, if ``nodes``
         lists intermediate node ids, their values by node id. A node id that is also the name of
-        a returned output raises ValueError.
+        a returned output raises ValueError. ``backend`` forces an execution backend ("tensor",
+        "scalar", "jit"; default "auto" lets the server choose).
         """
         outputs, nodes = _names(outputs), _names(nodes)
         clashes = set(nodes) & set(outputs or (o.name for o in self.graph.outputs))
         if clashes:
             raise ValueError(f"node ids {sorted(clashes)} are also output names")
         request = pb.EvaluateRequest(graph_id=self.id, inputs=_encode(inputs, self.input_specs),
-                                     outputs=outputs, nodes=nodes)
+                                     outputs=outputs, nodes=nodes, backend=backend)
         response = self.client._call("Evaluate", request)
         return {**_decode(response.outputs), **_decode(response.nodes)}
 
@@ -139,7 +140,7 @@ class RegisteredGraph:
                  outputs: str | Iterable[str] | None = None, return_outputs: bool = False, *,
                  semiring: str = "real", semiring_params: Mapping[str, object] | None = None,
                  return_components: bool = False,
-                 best_path: Iterable[tuple[str, Iterable[int]]] | None = None):
+                 best_path: Iterable[tuple[str, Iterable[int]]] | None = None, backend: str = "auto"):
         """Gradients of the outputs with respect to inputs, as :class:`Gradients`
         (a dict ``{input name: gradient}``).
 
@@ -155,7 +156,8 @@ class RegisteredGraph:
         tuple-valued semiring the gradient is its primary component (entropy: H);
         ``return_components=True`` fills ``gradients.components[input][name]`` (entropy: Z, R).
         ``best_path`` lists ``(input name, full index)`` elements (batch dimensions first) whose
-        best path a selective semiring traces into ``gradients.best_paths``.
+        best path a selective semiring traces into ``gradients.best_paths``. ``backend`` forces an
+        execution backend ("tensor", "scalar", "jit"; default "auto").
         """
         request = pb.GradientRequest(
             graph_id=self.id, inputs=_encode(inputs, self.input_specs), wrt=_names(wrt),
@@ -164,6 +166,7 @@ class RegisteredGraph:
             semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()},
             return_components=return_components,
             best_paths=[pb.ElementRef(input=name, index=[int(i) for i in index]) for name, index in best_path or ()],
+            backend=backend,
         )
         response = self.client._call("Gradient", request)
         gradients = Gradients(_decode(response.gradients))

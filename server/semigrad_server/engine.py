@@ -24,7 +24,7 @@ from .limits import Limits
 from .ops import REGISTRY, node_type
 from .ops.semiring_ops import semiring_registry
 from .runtime import Plan
-from .runtime.compiled import compile_executable
+from .runtime.compiled import BACKENDS, compile_executable
 from .semiring.loader import SemiringRegistry, default_registry
 from .store import MemoryStore
 
@@ -104,19 +104,20 @@ class Engine:
 
     # ------------------------------------------------------------ requests
     def evaluate(self, graph_id: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = (),
-                 nodes: Sequence[str] = (), deadline: float | None = None):
+                 nodes: Sequence[str] = (), deadline: float | None = None, backend: str = "auto"):
+        backend = _check_backend(backend)
         cg = self.get(graph_id)
         names = self._output_names(cg, outputs)
         for ref in nodes:
             if ref not in cg.types:
                 raise InvalidArgument(f"unknown node '{ref}' requested")
         batch = self._batch(cg, inputs)
-        key = ("evaluate", tuple(names), tuple(nodes))
+        key = ("evaluate", tuple(names), tuple(nodes), backend == "tensor")
         plan = self._plan(cg, key, lambda: compile_executable(
             cg.graph, cg.order, cg.types,
             [(n, cg.graph.output_map[n]) for n in names] + [("node:" + r, r) for r in nodes],
-            registry=REGISTRY, attrs=cg.attrs))
-        results = self._run(plan, batch, deadline)
+            registry=REGISTRY, attrs=cg.attrs, backend=backend))
+        results = self._run(plan, batch, deadline, backend)
         out = {n: _full(results[n], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names}
         node_values = {r: _full(results["node:" + r], batch.shape, cg.types[r]) for r in nodes}
         return out, node_values
@@ -125,8 +126,10 @@ class Engine:
                  seeds: Mapping[str, np.ndarray] | None = None, outputs: Sequence[str] = (),
                  return_outputs: bool = False, semiring: str = "real",
                  semiring_params: Mapping[str, object] | None = None, return_components: bool = False,
-                 best_paths: Sequence[tuple[str, tuple[int, ...]]] = (), deadline: float | None = None):
+                 best_paths: Sequence[tuple[str, tuple[int, ...]]] = (), deadline: float | None = None,
+                 backend: str = "auto"):
         """Gradients (under `semiring`) of the outputs w.r.t. `wrt`. Returns a GradientResult."""
+        backend = _check_backend(backend)
         s = self.semirings.get(semiring, semiring_params)
         cg = self.get(graph_id)
         seeds = dict(seeds or {})
@@ -147,10 +150,11 @@ class Engine:
         for name in seeded:
             batch = self._with_seed(cg, batch, name, seeds[name])
 
-        key = ("gradient", s.key, tuple(names), tuple(wrt), seeded, return_outputs, bool(best_paths))
+        key = ("gradient", s.key, tuple(names), tuple(wrt), seeded, return_outputs, bool(best_paths),
+               backend == "tensor")
         compiled = self._plan(cg, key, lambda: self._gradient_plan(cg, s, names, wrt, seeded, return_outputs,
-                                                                   bool(best_paths)))
-        results = self._run(compiled.plan, batch, deadline)
+                                                                   bool(best_paths), backend))
+        results = self._run(compiled.plan, batch, deadline, backend)
         result = GradientResult()
         for x in wrt:
             t = cg.types[x]
@@ -168,7 +172,8 @@ class Engine:
             result.best_paths = trace_best_paths(cg, compiled.backward, s, results, batch, best_paths, self)
         return result
 
-    def _gradient_plan(self, cg: CompiledGraph, s, names, wrt, seeded, return_outputs, keep_all: bool):
+    def _gradient_plan(self, cg: CompiledGraph, s, names, wrt, seeded, return_outputs, keep_all: bool,
+                       backend: str = "auto"):
         if s.name == "real":
             registry, context = REGISTRY, RealContext
         else:
@@ -186,7 +191,7 @@ class Engine:
         plan = compile_executable(
             bg.graph, bg.graph.nodes, bg.types, outputs, registry=registry, attrs=bg.context.builder.attrs,
             map_components=bg.context.structural_on_values() if s.components > 1 else frozenset(),
-            semiring=None if s.name == "real" else s, backend="tensor" if keep_all else "auto")
+            semiring=None if s.name == "real" else s, backend="tensor" if keep_all else backend)
         return CompiledGradient(plan, bg)
 
     # ------------------------------------------------------------ helpers
@@ -202,7 +207,7 @@ class Engine:
                 cg.plans.popitem(last=False)
         return built
 
-    def _run(self, plan: Plan, batch: Batch, deadline: float | None):
+    def _run(self, plan, batch: Batch, deadline: float | None, backend: str = "auto"):
         items = int(np.prod(batch.shape, dtype=np.int64))
         work = items * plan.item_elements
         if work > self.limits.max_request_elements:
@@ -210,7 +215,7 @@ class Engine:
                 f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item); "
                 f"the limit is {self.limits.max_request_elements}: send smaller batches")
         bound = time.monotonic() + self.limits.max_request_seconds
-        return plan.run(batch.arrays, min(deadline, bound) if deadline is not None else bound)
+        return plan.run(batch.arrays, min(deadline, bound) if deadline is not None else bound, backend)
 
     @staticmethod
     def _output_names(cg: CompiledGraph, outputs: Sequence[str]) -> list[str]:
@@ -276,6 +281,13 @@ class Engine:
             raise InvalidArgument(f"seed for output '{name}' has batch dimensions {list(seed.shape[:lead])}, "
                                   f"which do not broadcast with the inputs' {list(batch.shape)}") from None
         return Batch({**batch.arrays, SEED_PREFIX + name: seed.astype(t.dtype, copy=False)}, shape)
+
+
+def _check_backend(backend: str) -> str:
+    backend = backend or "auto"
+    if backend not in BACKENDS:
+        raise InvalidArgument(f"unknown backend '{backend}' (backends: {', '.join(BACKENDS)})")
+    return backend
 
 
 def _keyed(cg: CompiledGraph) -> tuple[str, CompiledGraph]:

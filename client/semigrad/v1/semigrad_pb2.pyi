@@ -152,7 +152,7 @@ class RegisterGraphResponse(_message.Message):
     def __init__(self, graph_id: _Optional[str] = ..., created: _Optional[bool] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
-    __slots__ = ("graph_id", "inputs", "outputs", "nodes")
+    __slots__ = ("graph_id", "inputs", "outputs", "nodes", "backend")
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -164,11 +164,13 @@ class EvaluateRequest(_message.Message):
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     inputs: _containers.MessageMap[str, Tensor]
     outputs: _containers.RepeatedScalarFieldContainer[str]
     nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    backend: str
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class EvaluateResponse(_message.Message):
     __slots__ = ("outputs", "nodes")
@@ -193,7 +195,7 @@ class EvaluateResponse(_message.Message):
     def __init__(self, outputs: _Optional[_Mapping[str, Tensor]] = ..., nodes: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class GradientRequest(_message.Message):
-    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths")
+    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend")
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +227,7 @@ class GradientRequest(_message.Message):
     SEMIRING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     RETURN_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     BEST_PATHS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     inputs: _containers.MessageMap[str, Tensor]
     wrt: _containers.RepeatedScalarFieldContainer[str]
@@ -235,7 +238,8 @@ class GradientRequest(_message.Message):
     semiring_params: _containers.MessageMap[str, AttrValue]
     return_components: bool
     best_paths: _containers.RepeatedCompositeFieldContainer[ElementRef]
-    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ...) -> None: ...
+    backend: str
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class ElementRef(_message.Message):
     __slots__ = ("input", "index")

@@ -62,7 +62,8 @@ FLOAT_FNS = {
 
 
 def generate_source(p: ScalarProgram, flavour: str) -> str:
-    """The source of `def program(inputs, C, F)`: inputs are sequences of element values."""
+    """The source of `def program(inputs, C, F)`: inputs are sequences of element values.
+    Only our own op names and numbers reach the source, never text from a request."""
     last_use: dict[int, int] = {}
     for i, (_, _, args) in enumerate(p.instrs):
         for a in args:
@@ -77,7 +78,9 @@ def generate_source(p: ScalarProgram, flavour: str) -> str:
             value = p.consts[var]
             if var in p.semiring_vars or not isinstance(value, (float, bool)):
                 return f"C[{var}]"
-            return repr(value) if math.isfinite(value) or isinstance(value, bool) else f"C[{var}]"
+            if isinstance(value, bool) or math.isfinite(value):
+                return repr(value)
+            return "math.nan" if value != value else ("math.inf" if value > 0 else "-math.inf")
         return names[var]
 
     lines = ["def program(inputs, C, F):"]
@@ -125,7 +128,7 @@ def functions(flavour: str, semiring=None) -> dict:
 
 def compile_program(p: ScalarProgram, flavour: str):
     source = generate_source(p, flavour)
-    namespace: dict = {}
+    namespace = {"math": math}
     exec(compile(source, f"<semigrad {flavour} program>", "exec"), namespace)  # our own generated code
     return namespace["program"], source
 

@@ -11,11 +11,15 @@ import numpy as np
 from ..errors import DeadlineExceeded
 from ..ir import Graph, Node, Type
 from ..ops import Registry
+from ..errors import FailedPrecondition
 from .codegen import compile_program, const_table, functions
+from .jit import JitProgram
 from .plan import Plan
 from .scalarize import NotScalarizable, ScalarProgram, scalarize
 
-BACKENDS = ("auto", "tensor", "scalar")
+# auto: scalar program when the graph has one (JIT for batches once compiled), else tensor.
+BACKENDS = ("auto", "tensor", "scalar", "jit")
+JIT_MIN_BATCH = 256
 
 
 class ScalarExecutable:
@@ -31,14 +35,20 @@ class ScalarExecutable:
         self.arrays, _ = compile_program(program, "arrays")
         self.float_fns = functions("floats", semiring)
         self.array_fns = functions("arrays", semiring)
-        self.item_elements = max(1, program.value_elements)
+        self.jit = JitProgram(program) if JitProgram.applicable(program, semiring) else None
+        self.item_elements = max(1, program.n_vars)  # scalars per item: the work and memory bound
 
-    def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None) -> dict:
+    def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None, backend: str = "auto") -> dict:
         if deadline is not None and time.monotonic() > deadline:
             raise DeadlineExceeded("deadline exceeded before the program ran")
         p = self.program
         leads = [inputs[name].shape[: inputs[name].ndim - len(shape)] for name, shape, _ in p.inputs]
         batch = tuple(np.broadcast_shapes(*leads)) if leads else ()
+        if backend == "jit" or (backend == "auto" and self.jit is not None
+                                and int(np.prod(batch)) >= JIT_MIN_BATCH):
+            result = self._run_jit(inputs, leads, batch, force=backend == "jit")
+            if result is not None:
+                return result
         if not batch:
             flat = [inputs[name].reshape(-1).tolist() for name, _, _ in p.inputs]
             if self.semiring is None:
@@ -65,6 +75,25 @@ class ScalarExecutable:
             values = self.arrays(rows, self.consts, self.array_fns)
         return self._assemble(values, batch)
 
+    def _run_jit(self, inputs, leads, batch: tuple, force: bool):
+        if self.jit is None:
+            if force:
+                raise FailedPrecondition("the jit backend needs numba installed (pip install 'semigrad[jit]') "
+                                         "and a real-semiring program")
+            return None
+        pattern = tuple(bool(lead) for lead in leads)
+        kernel = self.jit.kernel(pattern) if force else self.jit.ready_kernel(pattern)
+        if kernel is None:
+            return None  # compiling in the background; NumPy rows serve meanwhile
+        n = max(1, int(np.prod(batch)))
+        arrays = []
+        for (name, shape, ids), lead in zip(self.program.inputs, leads):
+            value = inputs[name]
+            full = np.broadcast_to(value, batch + shape) if lead else value
+            arrays.append(np.ascontiguousarray(full).reshape(n if lead else 1, ids.size))
+        outs = self.jit.run(kernel, arrays, n)
+        return {name: out.reshape(batch + shape) for (name, shape, _), out in zip(self.program.outputs, outs)}
+
     def _assemble(self, values, batch: tuple, single: bool = False) -> dict:
         out = {}
         for (name, shape, ids), vals in zip(self.program.outputs, values):
@@ -77,23 +106,26 @@ class ScalarExecutable:
 
 
 def _stack(vals: list, batch: tuple, shape: tuple, single: bool) -> np.ndarray:
+    """Element values (each a batch row, or a number when it does not depend on the batch)
+    into one array of shape batch + shape."""
+    if single:
+        return np.stack(np.broadcast_arrays(*vals), axis=-1).reshape(shape) if vals else np.zeros(shape)
+    n = int(np.prod(batch))
     if not vals:
         return np.zeros(batch + shape)
-    stacked = np.stack(np.broadcast_arrays(*vals), axis=-1)
-    if single:
-        return stacked.reshape(shape)
-    return stacked.reshape(batch + shape) if stacked.ndim > 0 else stacked
+    rows = [np.broadcast_to(v, (n,)) for v in vals]
+    return np.stack(rows, axis=-1).reshape(batch + shape)
 
 
 def compile_executable(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type],
                        outputs: Sequence[tuple[str, str]], *, registry: Registry, attrs: Mapping[str, dict],
                        map_components: frozenset = frozenset(), semiring=None, backend: str = "auto"):
     """The scalar program when the graph has one (and `backend` allows), else the tensor plan."""
-    if backend in ("auto", "scalar"):
+    if backend != "tensor":
         try:
             program = scalarize(graph, nodes, types, outputs, registry, attrs, semiring)
             return ScalarExecutable(program, semiring)
-        except NotScalarizable:
-            if backend == "scalar":
-                raise
+        except NotScalarizable as e:
+            if backend in ("scalar", "jit"):
+                raise FailedPrecondition(f"the {backend} backend cannot run this graph: {e}") from None
     return Plan(graph, nodes, types, outputs, registry=registry, attrs=attrs, map_components=map_components)

@@ -78,7 +78,8 @@ class Plan:
                               tuple(frees.get(i, ()))))
         self.steps = tuple(steps)
 
-    def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
+            backend: str = "tensor") -> dict[str, np.ndarray]:
         env: list = [None] * self.n_slots
         for name, slot in self.input_slots:
             env[slot] = inputs[name]

@@ -31,6 +31,8 @@ ELEMENTWISE_FNS.update(COMPARISONS)
 ELEMENTWISE_FNS["where"] = np.where
 COMMUTATIVE = {"add", "mul", "maximum", "minimum", "eq", "ne"}
 SCALAR_DTYPES = {"float64", "bool"}
+STRUCTURAL_OPS = {"index", "reshape", "transpose", "broadcast_to", "concat", "stack", "scatter_index", "sr_scatter",
+                  "sr_ones", "const"}
 
 
 class NotScalarizable(Exception):
@@ -43,9 +45,9 @@ class ScalarProgram:
     instrs: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)  # (var, op, args)
     inputs: list[tuple[str, tuple[int, ...], np.ndarray]] = field(default_factory=list)  # name, shape, var ids
     outputs: list[tuple[str, tuple[int, ...], np.ndarray]] = field(default_factory=list)
+    output_dtypes: list[str] = field(default_factory=list)
     semiring_vars: set[int] = field(default_factory=set)  # vars holding semiring values
     n_vars: int = 0
-    value_elements: int = 0  # elements of the graph values it replaces (the request work bound)
 
 
 class Scalarizer:
@@ -53,6 +55,7 @@ class Scalarizer:
         self.p = ScalarProgram()
         self.semiring = semiring
         self._memo: dict[tuple, int] = {}
+        self._definition: dict[int, tuple] = {}
         self._const_ids: dict[tuple, int] = {}
         self._is_const: dict[int, object] = self.p.consts
         if semiring is not None:
@@ -107,6 +110,7 @@ class Scalarizer:
         if op.startswith("sr_"):
             self.p.semiring_vars.add(var)
         self._memo[key] = var
+        self._definition[var] = key
         return var
 
     def _fold(self, op: str, args: tuple[int, ...]):
@@ -131,7 +135,7 @@ class Scalarizer:
         if op == "sub" and self._is(args[1], 0.0):
             return args[0]
         if op == "neg":
-            inner = self._defining(args[0])
+            inner = self._definition.get(args[0])
             if inner is not None and inner[0] == "neg":
                 return inner[1][0]
         return None
@@ -157,12 +161,6 @@ class Scalarizer:
             return self._semiring_const(lifted, "lifted")
         return None
 
-    def _defining(self, var: int):
-        for key, v in self._memo.items():
-            if v == var:
-                return key
-        return None
-
 
 def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], outputs: Sequence[tuple[str, str]],
               registry: Registry, attrs: Mapping[str, dict], semiring=None) -> ScalarProgram:
@@ -174,12 +172,11 @@ def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], ou
             live.append(node)
             needed.update(node.inputs)
     live.reverse()
-    total = sum(types[n.id].size for n in live) + sum(types[i.name].size for i in graph.inputs if i.name in needed)
-    if total > MAX_SCALARS:
-        raise NotScalarizable(f"{total} scalars")
+    work = sum(_scalar_work(n, types) for n in live)
+    if work > MAX_SCALARS:
+        raise NotScalarizable(f"about {work} scalar operations")
 
     sc = Scalarizer(semiring)
-    sc.p.value_elements = total
     ids: dict[str, np.ndarray] = {}
     for spec in graph.inputs:
         if spec.name not in needed:
@@ -192,8 +189,21 @@ def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], ou
         ids[node.id] = _node(sc, node, [ids[r] for r in node.inputs], [types[r] for r in node.inputs],
                              types[node.id], attrs[node.id])
     sc.p.outputs = [(name, types[ref].shape, ids[ref]) for name, ref in outputs]
+    sc.p.output_dtypes = [types[ref].dtype for _, ref in outputs]
     _drop_dead(sc.p)
     return sc.p
+
+
+def _scalar_work(node: Node, types: Mapping[str, Type]) -> int:
+    """Scalar operations a node expands into (structural ops only rename variables)."""
+    if node.op in STRUCTURAL_OPS:
+        return 0
+    if node.op in ("matmul", "sr_matmul"):
+        a, b = (types[r] for r in node.inputs)
+        return types[node.id].size * (a.shape[-1] if a.rank else 1)
+    if node.op in ("sum", "mean", "max", "sr_sum"):
+        return types[node.inputs[0]].size
+    return types[node.id].size
 
 
 def _map(sc: Scalarizer, op: str, operands: list[np.ndarray], out_shape) -> np.ndarray:

@@ -65,7 +65,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
     def Evaluate(self, request, context):
         outputs, nodes = self.engine.evaluate(
             request.graph_id, convert.tensors_to_arrays(request.inputs, "input"),
-            outputs=list(request.outputs), nodes=list(request.nodes), deadline=deadline_of(context))
+            outputs=list(request.outputs), nodes=list(request.nodes), deadline=deadline_of(context),
+            backend=request.backend)
         return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs), nodes=convert.arrays_to_tensors(nodes))
 
     @rpc
@@ -77,7 +78,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             semiring_params=convert.params_from_proto(request.semiring_params),
             return_components=request.return_components,
             best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
-            deadline=deadline_of(context))
+            deadline=deadline_of(context), backend=request.backend)
         return convert.gradient_response(result)
 
     @rpc

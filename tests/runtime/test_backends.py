@@ -1,0 +1,108 @@
+"""Every execution backend agrees with the reference tensor engine: bit-for-bit or within a
+few ulps (the scalar forms sum in a different order than NumPy's pairwise reductions)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import semigrad as sg
+from reference import det_gradient, det_graph
+from test_op_gradients import CASES, build
+
+ULPS = dict(rtol=4e-15, atol=4e-15)
+try:
+    import numba  # noqa: F401
+
+    HAVE_NUMBA = True
+except ImportError:
+    HAVE_NUMBA = False
+
+
+def inputs_for(case, rng, batch):
+    _, _, _, shapes, samplers = case
+    return {f"x{i}": sampler(rng, (batch if i == 0 else ()) + shape)
+            for i, (shape, sampler) in enumerate(zip(shapes, samplers))}
+
+
+def assert_same(got: dict, want: dict, **tolerance):
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], **(tolerance or ULPS), err_msg=name)
+
+
+@pytest.mark.parametrize("batch", [(), (3,)], ids=["single", "batched"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_scalar_backend_matches_the_tensor_engine(client, rng, case, batch):
+    f = client.register(build(case))
+    inputs = inputs_for(case, rng, batch)
+    assert_same(f.evaluate(inputs, backend="scalar"), f.evaluate(inputs, backend="tensor"))
+    seeds = {"out": rng.normal(size=f.evaluate(inputs)["out"].shape)}
+    assert_same(f.gradient(inputs, seeds=seeds, backend="scalar"), f.gradient(inputs, seeds=seeds, backend="tensor"))
+
+
+def ieee_graph():
+    g = sg.Graph()
+    x = g.input("x", (4,))
+    g.output("y", sg.log(x) + 1 / x + sg.sqrt(x) + sg.exp(x * 800) + sg.maximum(x, x * 0))
+    return g
+
+
+IEEE_POINTS = np.array([-1.0, 0.0, np.inf, np.nan])
+
+
+@pytest.mark.parametrize("backend", ["scalar", "jit"])
+def test_non_finite_values_propagate_identically(client, backend):
+    if backend == "jit" and not HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install 'semigrad[jit]')")
+    f = client.register(ieee_graph())
+    for x in (IEEE_POINTS, np.stack([IEEE_POINTS, IEEE_POINTS[::-1]])):  # one point: floats fall back to NumPy
+        want_value, want_grad = f.evaluate({"x": x}, backend="tensor"), f.gradient({"x": x}, backend="tensor")
+        np.testing.assert_array_equal(f.evaluate({"x": x}, backend=backend)["y"], want_value["y"])
+        np.testing.assert_array_equal(f.gradient({"x": x}, backend=backend)["x"], want_grad["x"])
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_jit_backend_det_by_minors(client, rng, n):
+    f = client.register(det_graph(n))
+    a = rng.normal(size=(300, n, n))
+    grads = f.gradient({"A": a}, backend="jit")["A"]
+    np.testing.assert_allclose(grads, det_gradient(a), rtol=1e-9, atol=1e-11)
+    assert_same(f.gradient({"A": a}, backend="jit"), f.gradient({"A": a}, backend="tensor"), rtol=1e-13, atol=1e-13)
+    assert_same(f.gradient({"A": a[0]}, backend="jit"), f.gradient({"A": a[0]}, backend="tensor"),
+                rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
+def test_jit_backend_with_unbatched_and_bool_inputs(client, rng):
+    g = sg.Graph()
+    x, w = g.input("x", (3,)), g.input("w", (3,))
+    g.output("y", sg.sum(sg.where(x > w, sg.tanh(x * w), sg.square(x - w))))
+    f = client.register(g)
+    inputs = {"x": rng.normal(size=(500, 3)), "w": rng.normal(size=3)}
+    assert_same(f.gradient(inputs, backend="jit"), f.gradient(inputs, backend="tensor"), rtol=1e-13, atol=1e-13)
+
+
+def test_forcing_an_impossible_backend_is_a_failed_precondition(client):
+    g = sg.Graph()
+    x = g.input("x", (300, 300))
+    g.output("y", sg.sum(x @ x))  # 27 million scalar products: no scalar program
+    f = client.register(g)
+    with pytest.raises(sg.FailedPrecondition, match="scalar backend"):
+        f.gradient({"x": np.ones((300, 300))}, backend="scalar")
+
+
+def test_jit_is_refused_for_plugin_semirings(client):
+    g = sg.Graph()
+    x = g.input("x", (2,))
+    g.output("y", sg.sum(sg.sin(x) * x))
+    f = client.register(g)
+    with pytest.raises(sg.FailedPrecondition, match="jit backend"):
+        f.gradient({"x": np.ones((400, 2))}, semiring="max_product", backend="jit")
+
+
+def test_unknown_backend_is_invalid(client):
+    g = sg.Graph()
+    g.output("y", sg.sin(g.input("x", (2,))))
+    with pytest.raises(sg.InvalidArgument, match="unknown backend 'gpu'"):
+        client.register(g).gradient({"x": np.ones(2)}, backend="gpu")
