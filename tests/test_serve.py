@@ -3,6 +3,7 @@ one log line per request, graceful exit on SIGTERM; and the command line's --ver
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
@@ -61,12 +62,12 @@ def list_services(address: str) -> list[str]:
         return [s.name for r in responses for s in r.list_services_response.service]
 
 
-@pytest.fixture
-def served():
-    """A `semigrad serve` subprocess on a free loopback port: yields (address, process)."""
-    port = free_port()
+@contextlib.contextmanager
+def serving(*args: str, port: int | None = None):
+    """A `semigrad serve` subprocess on a loopback port: yields (address, process)."""
+    port = port or free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until_serving(f"127.0.0.1:{port}", process)
@@ -77,6 +78,66 @@ def served():
             process.communicate()
 
 
+def stop(process: subprocess.Popen) -> str:
+    process.send_signal(signal.SIGTERM)
+    try:
+        log, _ = process.communicate(timeout=EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"server still running {EXIT_TIMEOUT} s after SIGTERM")
+    assert process.returncode == 0, log
+    return log
+
+
+@pytest.fixture
+def served(tmp_path):
+    with serving("--store", str(tmp_path / "graphs.sqlite"), "--workers", "1") as running:
+        yield running
+
+
+def square_sum_graph() -> sg.Graph:
+    g = sg.Graph()
+    a = g.input("A", (2, 2))
+    g.output("trace_sq", sg.sum(a * a))
+    return g
+
+
+MATRIX = np.array([[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_workers_share_the_port_and_the_store(tmp_path):
+    store = str(tmp_path / "graphs.sqlite")
+    with serving("--store", store, "--workers", "2") as (address, process):
+        with sg.Client(address, timeout=10) as client:
+            graph_id = client.register(square_sum_graph()).id
+        for _ in range(16):  # fresh connections: the kernel spreads them over the workers
+            with sg.Client(address, timeout=10) as client:
+                np.testing.assert_array_equal(client.get_graph(graph_id).gradient({"A": MATRIX})["A"], 2 * MATRIX)
+        log = stop(process)
+    pids = {m.group(1) for m in re.finditer(r" (\d+) semigrad\.rpc rpc=Gradient .*status=OK", log)}
+    assert len(pids) == 2, log
+
+
+def test_registered_graphs_survive_a_restart(tmp_path):
+    store = str(tmp_path / "graphs.sqlite")
+    port = free_port()
+    with serving("--store", store, "--workers", "1", port=port) as (address, process):
+        with sg.Client(address, timeout=10) as client:
+            graph_id = client.register(square_sum_graph()).id
+        stop(process)
+    with serving("--store", store, "--workers", "1", port=port) as (address, process):
+        with sg.Client(address, timeout=10) as client:
+            f = client.get_graph(graph_id)
+            np.testing.assert_array_equal(f.gradient({"A": MATRIX})["A"], 2 * MATRIX)
+            assert not client.register(square_sum_graph()).created
+        stop(process)
+
+
+def test_several_workers_need_a_shared_store():
+    result = run_cli("serve", "--port", str(free_port()), "--workers", "2", "--store", "memory")
+    assert result.returncode == 2
+    assert "shared store" in result.stderr
+
+
 def test_serve_answers_health_reflection_and_gradients_then_stops_gracefully(served):
     address, process = served
 
@@ -84,23 +145,14 @@ def test_serve_answers_health_reflection_and_gradients_then_stops_gracefully(ser
     assert "semigrad.v1.GraphService" in services
     assert "grpc.health.v1.Health" in services
 
-    g = sg.Graph()
-    a = g.input("A", (2, 2))
-    g.output("trace_sq", sg.sum(a * a))
     with sg.Client(address, timeout=10) as client:
-        f = client.register(g)
-        matrix = np.array([[1.0, 2.0], [3.0, 4.0]])
-        np.testing.assert_array_equal(f.gradient({"A": matrix})["A"], 2 * matrix)
+        f = client.register(square_sum_graph())
+        np.testing.assert_array_equal(f.gradient({"A": MATRIX})["A"], 2 * MATRIX)
         with pytest.raises(sg.NotFound):
             client.get_graph("gnosuchgraph")
     expected = [("RegisterGraph", "OK"), ("Gradient", "OK"), ("GetGraph", "NOT_FOUND")]
 
-    process.send_signal(signal.SIGTERM)
-    try:
-        log, _ = process.communicate(timeout=EXIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"server still running {EXIT_TIMEOUT} s after SIGTERM")
-    assert process.returncode == 0, log
+    log = stop(process)
     rpc_lines = [m.groups() for m in map(RPC_LINE.search, log.splitlines()) if m]
     assert rpc_lines == expected, log
 

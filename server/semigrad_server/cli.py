@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from importlib import metadata
 
@@ -18,6 +19,14 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50051
 
 
+def default_store() -> str:
+    """$SEMIGRAD_STORE, else graphs.sqlite under the XDG state directory."""
+    if os.environ.get("SEMIGRAD_STORE"):
+        return os.environ["SEMIGRAD_STORE"]
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "semigrad", "graphs.sqlite")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="semigrad", description="Differentiate computation graphs over gRPC.")
     parser.add_argument("--version", action="version", version=f"semigrad {__version__}")
@@ -26,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gRPC server")
     serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
-    serve.add_argument("--threads", type=int, default=8, help="request threads (default 8)")
+    serve.add_argument("--threads", type=int, default=8, help="request threads per worker (default 8)")
+    serve.add_argument("--workers", type=int, default=None,
+                       help="server processes sharing the port (default: one per core, "
+                            f"{os.cpu_count() or 1} here; 1 with --store memory)")
+    serve.add_argument("--store", default=default_store(),
+                       help="the embedded graph store (a SQLite file shared by the workers), or 'memory' "
+                            f"to keep graphs in memory only (default {default_store()}; env SEMIGRAD_STORE)")
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     defaults = Limits()
     for name in Limits.names():
@@ -48,11 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-        from .service import serve
+        from .service.server import LOG_FORMAT, serve
 
+        logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
         limits = Limits(**{name: getattr(args, name) for name in Limits.names()})
-        serve(args.host, args.port, limits=limits, threads=args.threads)
+        store = None if args.store == "memory" else args.store
+        workers = args.workers or (os.cpu_count() or 1 if store is not None else 1)
+        try:
+            serve(args.host, args.port, limits=limits, threads=args.threads, store=store, workers=workers)
+        except ValueError as e:
+            print(f"semigrad serve: {e}", file=sys.stderr)
+            return 2
     elif args.command == "plugins":
         if args.plugins_command == "check":
             return plugins_check(args.name, samples=args.samples, seed=args.seed, params=_parse_params(args.param))

@@ -21,12 +21,13 @@ from .autodiff.reverse import BackwardGraph
 from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from .ir import Graph, Node, Type
 from .limits import Limits
-from .ops import REGISTRY, node_type
+from .ops import REGISTRY, Registry, node_type
 from .ops.semiring_ops import semiring_registry
 from .runtime import Plan
 from .runtime.compiled import BACKENDS, compile_executable
 from .semiring.loader import SemiringRegistry, default_registry
-from .store import MemoryStore
+from .symbolic.custom import registry_for
+from .store import MemoryStore, SqliteStore
 
 ADJOINT_PREFIX = "adjoint:"
 SEED_VALUE_PREFIX = "seedvalue:"
@@ -41,6 +42,7 @@ class CompiledGraph:
     types: dict[str, Type]
     attrs: dict[str, dict]
     plans: OrderedDict = field(default_factory=OrderedDict)
+    registry: Registry = field(default_factory=lambda: REGISTRY)  # the built-in ops plus the graph's custom ops
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -53,14 +55,15 @@ def compile_graph(graph: Graph, limits: Limits) -> CompiledGraph:
     if len(graph.nodes) > limits.max_nodes:
         raise ResourceExhausted(f"graph has {len(graph.nodes)} nodes; the limit is {limits.max_nodes}")
     order = ir.validate_structure(graph)
+    registry = registry_for(graph.op_defs)
     types = {s.name: s.type for s in graph.inputs}
     attrs = {}
     for spec in graph.inputs:
         _check_size(spec.name, "input", spec.type, limits)
     for node in order:
-        _, attrs[node.id], types[node.id] = node_type(node, [types[r] for r in node.inputs])
+        _, attrs[node.id], types[node.id] = node_type(node, [types[r] for r in node.inputs], registry)
         _check_size(node.id, "node", types[node.id], limits)
-    return CompiledGraph(ir.content_hash(graph), graph, order, types, attrs)
+    return CompiledGraph(ir.content_hash(graph), graph, order, types, attrs, registry=registry)
 
 
 def _check_size(ref: str, what: str, t: Type, limits: Limits) -> None:
@@ -90,16 +93,29 @@ class GradientResult:
 
 
 class Engine:
-    def __init__(self, limits: Limits | None = None, semirings: SemiringRegistry | None = None):
+    """`persistent`: an optional shared store of serialised graphs (e.g. SqliteStore) behind
+    the in-memory cache of compiled graphs."""
+
+    def __init__(self, limits: Limits | None = None, semirings: SemiringRegistry | None = None,
+                 persistent: SqliteStore | None = None):
         self.limits = limits or Limits()
         self.semirings = semirings or default_registry()
         self.store: MemoryStore[CompiledGraph] = MemoryStore(self.limits.max_graphs)
+        self.persistent = persistent
 
     # ------------------------------------------------------------ registration
     def register(self, graph: Graph) -> tuple[CompiledGraph, bool]:
-        return self.store.put_if_absent(*_keyed(compile_graph(graph, self.limits)))
+        cg = compile_graph(graph, self.limits)
+        stored, created = self.store.put_if_absent(cg.id, cg)
+        if self.persistent is not None:
+            created = self.persistent.put(cg.id, ir.serialize(graph))
+        return stored, created
 
     def get(self, graph_id: str) -> CompiledGraph:
+        if self.persistent is not None and graph_id not in self.store:
+            data = self.persistent.get(graph_id)
+            if data is not None:  # registered through another worker, or before a restart
+                return self.store.put_if_absent(graph_id, compile_graph(ir.deserialize(data), self.limits))[0]
         return self.store.get(graph_id)
 
     # ------------------------------------------------------------ requests
@@ -116,7 +132,7 @@ class Engine:
         plan = self._plan(cg, key, lambda: compile_executable(
             cg.graph, cg.order, cg.types,
             [(n, cg.graph.output_map[n]) for n in names] + [("node:" + r, r) for r in nodes],
-            registry=REGISTRY, attrs=cg.attrs, backend=backend))
+            registry=cg.registry, attrs=cg.attrs, backend=backend))
         results = self._run(plan, batch, deadline, backend)
         out = {n: _full(results[n], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names}
         node_values = {r: _full(results["node:" + r], batch.shape, cg.types[r]) for r in nodes}
@@ -175,9 +191,9 @@ class Engine:
     def _gradient_plan(self, cg: CompiledGraph, s, names, wrt, seeded, return_outputs, keep_all: bool,
                        backend: str = "auto"):
         if s.name == "real":
-            registry, context = REGISTRY, RealContext
+            registry, context = cg.registry, RealContext
         else:
-            registry = semiring_registry(REGISTRY, s)
+            registry = semiring_registry(cg.registry, s)
             context = functools.partial(SemiringContext, semiring=s)
         bg = reverse(cg.graph, cg.order, cg.types, outputs=names, wrt=wrt, seeded=seeded, context=context,
                      registry=registry)
@@ -288,10 +304,6 @@ def _check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise InvalidArgument(f"unknown backend '{backend}' (backends: {', '.join(BACKENDS)})")
     return backend
-
-
-def _keyed(cg: CompiledGraph) -> tuple[str, CompiledGraph]:
-    return cg.id, cg
 
 
 def _cast(value: np.ndarray, t: Type) -> np.ndarray:

@@ -7,6 +7,7 @@ tuple of arrays): every op works on the trailing axes given by its type.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import heapq
@@ -70,10 +71,24 @@ class Node:
 
 
 @dataclass(frozen=True)
+class OpDefinition:
+    """A user-defined elementwise op carried by a graph: an expression of its operands in the
+    safe expression language (see symbolic.parse), optionally with a derivative expression
+    per operand (the others come from sympy.diff). Nodes use it by name."""
+
+    name: str
+    operands: tuple[str, ...]
+    expression: str
+    derivatives: tuple[tuple[str, str], ...] = ()  # (operand, expression), sorted by operand
+    doc: str = ""
+
+
+@dataclass(frozen=True)
 class Graph:
     inputs: tuple[InputSpec, ...]
     nodes: tuple[Node, ...]
     outputs: tuple[tuple[str, str], ...]  # (output name, node or input id)
+    op_defs: tuple[OpDefinition, ...] = ()
 
     def node_map(self) -> dict[str, Node]:
         return {n.id: n for n in self.nodes}
@@ -178,7 +193,7 @@ def canonical_attr(value: object) -> object:
 
 
 def canonical_form(graph: Graph) -> str:
-    """A JSON text that is equal for graphs equal up to the order of inputs, nodes and outputs."""
+    """A JSON text that is equal for graphs equal up to the order of inputs, nodes, outputs and op definitions."""
     doc = {
         "inputs": sorted([i.name, list(i.shape), i.dtype] for i in graph.inputs),
         "nodes": sorted(
@@ -187,6 +202,9 @@ def canonical_form(graph: Graph) -> str:
         ),
         "outputs": sorted([name, ref] for name, ref in graph.outputs),
     }
+    if graph.op_defs:  # absent when empty, so graphs without custom ops keep their ids
+        doc["op_defs"] = sorted([d.name, list(d.operands), d.expression, sorted(map(list, d.derivatives)), d.doc]
+                                for d in graph.op_defs)
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -201,3 +219,50 @@ def consumers_of(nodes: Iterable[Node]) -> dict[str, list[tuple[str, int]]]:
         for pos, ref in enumerate(n.inputs):
             result.setdefault(ref, []).append((n.id, pos))
     return result
+
+
+# ---------------------------------------------------------------------------
+# Serialisation (for stores): plain JSON with tagged attribute values, nothing executable.
+
+
+def _encode_attr(value: object) -> object:
+    if isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(value)
+        return {"tensor": [arr.dtype.name, list(arr.shape), base64.b64encode(arr.astype(arr.dtype.newbyteorder("<")).tobytes()).decode()]}
+    if isinstance(value, tuple) and any(isinstance(v, slice) for v in value):
+        return {"index": [[v.start, v.stop, v.step] if isinstance(v, slice) else v for v in value]}
+    if isinstance(value, tuple):
+        return {"ints": list(value)}
+    return {"v": value}
+
+
+def _decode_attr(doc: dict) -> object:
+    (kind, value), = doc.items()
+    if kind == "tensor":
+        dtype, shape, data = value
+        return np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape)
+    if kind == "index":
+        return tuple(slice(*v) if isinstance(v, list) else v for v in value)
+    if kind == "ints":
+        return tuple(value)
+    return value
+
+
+def serialize(graph: Graph) -> bytes:
+    return json.dumps({
+        "inputs": [[i.name, list(i.shape), i.dtype] for i in graph.inputs],
+        "nodes": [[n.id, n.op, list(n.inputs), {k: _encode_attr(v) for k, v in n.attrs.items()}] for n in graph.nodes],
+        "outputs": [list(o) for o in graph.outputs],
+        "op_defs": [[d.name, list(d.operands), d.expression, [list(p) for p in d.derivatives], d.doc]
+                    for d in graph.op_defs],
+    }, separators=(",", ":")).encode()
+
+
+def deserialize(data: bytes) -> Graph:
+    doc = json.loads(data)
+    return Graph(tuple(InputSpec(name, tuple(shape), dtype) for name, shape, dtype in doc["inputs"]),
+                 tuple(Node(i, op, tuple(ins), {k: _decode_attr(v) for k, v in attrs.items()})
+                       for i, op, ins, attrs in doc["nodes"]),
+                 tuple((name, ref) for name, ref in doc["outputs"]),
+                 tuple(OpDefinition(name, tuple(operands), expression, tuple(tuple(p) for p in derivatives), d)
+                       for name, operands, expression, derivatives, d in doc.get("op_defs", ())))

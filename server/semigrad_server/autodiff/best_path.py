@@ -135,10 +135,11 @@ def _jacobian_plan(cg, node: Node, pos: int) -> Plan:
     single = Node("out", node.op, tuple(s.name for s in specs), node.attrs)
     graph = Graph(specs, (single,), (("out", "out"),))
     types = {**{s.name: s.type for s in specs}, "out": cg.types[node.id]}
-    bg = reverse(graph, [single], types, outputs=["out"], wrt=[f"in{pos}"], seeded=["out"])
+    bg = reverse(graph, [single], types, outputs=["out"], wrt=[f"in{pos}"], seeded=["out"], registry=cg.registry)
     ref = bg.gradients[f"in{pos}"]
     if ref is None:  # this operand does not influence the node (e.g. a comparison)
         zero = Node("zero", "const", (), {"value": np.zeros(cg.types[node.inputs[pos]].shape)})
         return Plan(Graph(specs, (zero,), ()), [zero], {**types, "zero": ir.Type(zero.attrs["value"].shape, "float64")},
                     [("grad", "zero")])
-    return Plan(bg.graph, bg.graph.nodes, bg.types, [("grad", ref)], attrs=bg.context.builder.attrs)
+    return Plan(bg.graph, bg.graph.nodes, bg.types, [("grad", ref)], registry=cg.registry,
+                attrs=bg.context.builder.attrs)

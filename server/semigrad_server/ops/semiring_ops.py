@@ -29,18 +29,20 @@ def _scatter_infer(node, in_types, attrs):
     return _value_type(shape)
 
 
-_REGISTRIES: dict[str, Registry] = {}
+_REGISTRIES: dict[tuple, tuple[Registry, Registry]] = {}  # (id(base), key) -> (base, bound registry)
 _MAX_CACHED = 64
 
 
 def semiring_registry(base: Registry, semiring) -> Registry:
-    """`base` plus the semiring ops bound to `semiring` (cached per configured semiring)."""
-    registry = _REGISTRIES.get(semiring.key)
-    if registry is None or registry.ops["sr_add"].bound is not semiring:
+    """`base` plus the semiring ops bound to `semiring` (cached per base registry, e.g. a
+    graph's registry with its custom ops, and configured semiring)."""
+    key = (id(base), semiring.key)
+    cached = _REGISTRIES.get(key)
+    if cached is None or cached[0] is not base or cached[1].ops["sr_add"].bound is not semiring:
         if len(_REGISTRIES) >= _MAX_CACHED:
             _REGISTRIES.clear()
-        registry = _REGISTRIES[semiring.key] = _bind(base, semiring)
-    return registry
+        cached = _REGISTRIES[key] = (base, _bind(base, semiring))
+    return cached[1]
 
 
 def _bind(base: Registry, s) -> Registry:

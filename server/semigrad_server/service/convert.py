@@ -9,7 +9,7 @@ from semigrad import codec
 from semigrad.v1 import semigrad_pb2 as pb
 
 from ..errors import InvalidArgument
-from ..ir import Graph, InputSpec, Node, Type
+from ..ir import Graph, InputSpec, Node, OpDefinition, Type
 from ..ops.base import OpDef
 
 
@@ -62,7 +62,9 @@ def graph_from_proto(message: pb.Graph) -> Graph:
         inputs.append(InputSpec(i.name, tuple(i.shape), dtype))
     nodes = tuple(Node(n.id, n.op, tuple(n.inputs), {k: _attr(n.id, k, v) for k, v in n.attrs.items()})
                   for n in message.nodes)
-    return Graph(tuple(inputs), nodes, tuple((o.name, o.node) for o in message.outputs))
+    op_defs = tuple(OpDefinition(d.name, tuple(d.operands), d.expression, tuple(sorted(d.derivatives.items())), d.doc)
+                    for d in message.op_defs)
+    return Graph(tuple(inputs), nodes, tuple((o.name, o.node) for o in message.outputs), op_defs)
 
 
 def _attr_to_proto(value: object) -> pb.AttrValue:
@@ -77,6 +79,8 @@ def graph_to_proto(graph: Graph) -> pb.Graph:
         nodes=[pb.Node(id=n.id, op=n.op, inputs=n.inputs, attrs={k: _attr_to_proto(v) for k, v in n.attrs.items()})
                for n in graph.nodes],
         outputs=[pb.GraphOutput(name=name, node=ref) for name, ref in graph.outputs],
+        op_defs=[pb.OpDef(name=d.name, operands=d.operands, expression=d.expression, derivatives=dict(d.derivatives),
+                          doc=d.doc) for d in graph.op_defs],
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import signal
 import threading
 from concurrent import futures
@@ -15,20 +16,23 @@ from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 
 from ..engine import Engine
 from ..limits import Limits
+from ..store import SqliteStore
 from .servicer import GraphServicer
 
 log = logging.getLogger("semigrad.server")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s %(message)s"
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GraphService"].full_name
 
 
 def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, threads: int = 8,
-                 engine: Engine | None = None) -> tuple[grpc.Server, int, Engine]:
-    """Create a server bound to `address` (port 0: an ephemeral port); return it, the port and its engine."""
+                 engine: Engine | None = None, reuse_port: bool = False) -> tuple[grpc.Server, int, Engine]:
+    """Create a server bound to `address` (port 0: an ephemeral port); return it, the port and its engine.
+    `reuse_port`: let several processes bind the same port (the kernel spreads connections)."""
     limits = limits or Limits()
     engine = engine or Engine(limits)
     options = [("grpc.max_receive_message_length", limits.max_message_bytes),
                ("grpc.max_send_message_length", limits.max_message_bytes),
-               ("grpc.so_reuseport", 0)]
+               ("grpc.so_reuseport", int(reuse_port))]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="semigrad"),
                          options=options)
     pb_grpc.add_GraphServiceServicer_to_server(GraphServicer(engine), server)
@@ -44,14 +48,63 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
     return server, port, engine
 
 
-def serve(host: str, port: int, *, limits: Limits | None = None, threads: int = 8, grace: float = 5.0) -> None:
-    """Serve until SIGINT or SIGTERM, then stop gracefully (in-flight calls get `grace` seconds)."""
-    server, bound, _ = build_server(f"{host}:{port}", limits=limits, threads=threads)
+def serve(host: str, port: int, *, limits: Limits | None = None, threads: int = 8, grace: float = 5.0,
+          store: str | None = None, workers: int = 1) -> None:
+    """Serve until SIGINT or SIGTERM, then stop gracefully (in-flight calls get `grace` seconds).
+
+    `store`: path of the embedded SQLite graph store, or None to keep graphs in memory only.
+    `workers` > 1 runs that many processes on the same port, so CPU-bound requests use every
+    core; they need the shared store to see each other's graphs."""
+    if workers > 1:
+        if store is None:
+            raise ValueError("several workers need a shared store: give --store PATH")
+        if port == 0:
+            raise ValueError("several workers need a fixed --port")
+        _supervise(host, port, limits=limits, threads=threads, grace=grace, store=store, workers=workers)
+    else:
+        _serve_one(host, port, limits=limits, threads=threads, grace=grace, store=store, reuse_port=False)
+
+
+def _serve_one(host, port, *, limits, threads, grace, store, reuse_port) -> None:
+    limits = limits or Limits()
+    engine = Engine(limits, persistent=SqliteStore(store, limits.max_stored_graphs) if store else None)
+    server, bound, _ = build_server(f"{host}:{port}", limits=limits, threads=threads, engine=engine,
+                                    reuse_port=reuse_port)
     server.start()
-    log.info("semigrad serving on %s:%d", host, bound)
+    log.info("semigrad serving on %s:%d (store: %s)", host, bound, store or "memory")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     log.info("shutting down (grace %.1fs)", grace)
     server.stop(grace).wait()
+
+
+def _supervise(host, port, *, workers, grace, **kwargs) -> None:
+    """Start the worker processes, forward SIGINT/SIGTERM to them, wait for them to finish."""
+    context = multiprocessing.get_context("spawn")
+    level = logging.getLogger().level
+    procs = [context.Process(target=_worker_main, args=(host, port, level), kwargs=dict(grace=grace, **kwargs),
+                             name=f"semigrad-worker-{i}") for i in range(workers)]
+    for p in procs:
+        p.start()
+    log.info("semigrad supervising %d workers on %s:%d", workers, host, port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        if any(not p.is_alive() for p in procs):
+            log.error("a worker exited; stopping the others")
+            break
+    for p in procs:
+        if p.is_alive():
+            p.terminate()  # SIGTERM: each worker stops gracefully
+    for p in procs:
+        p.join(grace + 5)
+        if p.is_alive():
+            p.kill()
+
+
+def _worker_main(host, port, level, **kwargs) -> None:
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    _serve_one(host, port, reuse_port=True, **kwargs)
