@@ -115,15 +115,38 @@ class GraphOutput(_message.Message):
     node: str
     def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
+class OpDef(_message.Message):
+    __slots__ = ("name", "operands", "expression", "derivatives", "doc")
+    class DerivativesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OPERANDS_FIELD_NUMBER: _ClassVar[int]
+    EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    DERIVATIVES_FIELD_NUMBER: _ClassVar[int]
+    DOC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    operands: _containers.RepeatedScalarFieldContainer[str]
+    expression: str
+    derivatives: _containers.ScalarMap[str, str]
+    doc: str
+    def __init__(self, name: _Optional[str] = ..., operands: _Optional[_Iterable[str]] = ..., expression: _Optional[str] = ..., derivatives: _Optional[_Mapping[str, str]] = ..., doc: _Optional[str] = ...) -> None: ...
+
 class Graph(_message.Message):
-    __slots__ = ("inputs", "nodes", "outputs")
+    __slots__ = ("inputs", "nodes", "outputs", "op_defs")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    OP_DEFS_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[GraphInput]
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
     outputs: _containers.RepeatedCompositeFieldContainer[GraphOutput]
-    def __init__(self, inputs: _Optional[_Iterable[_Union[GraphInput, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[GraphOutput, _Mapping]]] = ...) -> None: ...
+    op_defs: _containers.RepeatedCompositeFieldContainer[OpDef]
+    def __init__(self, inputs: _Optional[_Iterable[_Union[GraphInput, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[GraphOutput, _Mapping]]] = ..., op_defs: _Optional[_Iterable[_Union[OpDef, _Mapping]]] = ...) -> None: ...
 
 class NodeType(_message.Message):
     __slots__ = ("id", "shape", "dtype")
@@ -142,14 +165,16 @@ class RegisterGraphRequest(_message.Message):
     def __init__(self, graph: _Optional[_Union[Graph, _Mapping]] = ...) -> None: ...
 
 class RegisterGraphResponse(_message.Message):
-    __slots__ = ("graph_id", "created", "types")
+    __slots__ = ("graph_id", "created", "types", "custom_ops")
     GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     TYPES_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_OPS_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     created: bool
     types: _containers.RepeatedCompositeFieldContainer[NodeType]
-    def __init__(self, graph_id: _Optional[str] = ..., created: _Optional[bool] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ...) -> None: ...
+    custom_ops: _containers.RepeatedCompositeFieldContainer[OpInfo]
+    def __init__(self, graph_id: _Optional[str] = ..., created: _Optional[bool] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[OpInfo, _Mapping]]] = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
     __slots__ = ("graph_id", "inputs", "outputs", "nodes", "backend")
@@ -380,14 +405,16 @@ class GetGraphRequest(_message.Message):
     def __init__(self, graph_id: _Optional[str] = ...) -> None: ...
 
 class GetGraphResponse(_message.Message):
-    __slots__ = ("graph_id", "graph", "types")
+    __slots__ = ("graph_id", "graph", "types", "custom_ops")
     GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     TYPES_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_OPS_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     graph: Graph
     types: _containers.RepeatedCompositeFieldContainer[NodeType]
-    def __init__(self, graph_id: _Optional[str] = ..., graph: _Optional[_Union[Graph, _Mapping]] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ...) -> None: ...
+    custom_ops: _containers.RepeatedCompositeFieldContainer[OpInfo]
+    def __init__(self, graph_id: _Optional[str] = ..., graph: _Optional[_Union[Graph, _Mapping]] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[OpInfo, _Mapping]]] = ...) -> None: ...
 
 class ListOpsRequest(_message.Message):
     __slots__ = ()
@@ -438,3 +465,205 @@ class ListOpsResponse(_message.Message):
     OPS_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[OpInfo]
     def __init__(self, ops: _Optional[_Iterable[_Union[OpInfo, _Mapping]]] = ...) -> None: ...
+
+class CrossCheckRequest(_message.Message):
+    __slots__ = ("graph_id", "inputs", "wrt", "outputs", "methods", "atol", "rtol", "step", "richardson", "semiring", "semiring_params", "localize")
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class SemiringParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttrValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttrValue, _Mapping]] = ...) -> None: ...
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    WRT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    METHODS_FIELD_NUMBER: _ClassVar[int]
+    ATOL_FIELD_NUMBER: _ClassVar[int]
+    RTOL_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RICHARDSON_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    LOCALIZE_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    inputs: _containers.MessageMap[str, Tensor]
+    wrt: _containers.RepeatedScalarFieldContainer[str]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    methods: _containers.RepeatedScalarFieldContainer[str]
+    atol: float
+    rtol: float
+    step: float
+    richardson: bool
+    semiring: str
+    semiring_params: _containers.MessageMap[str, AttrValue]
+    localize: bool
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., methods: _Optional[_Iterable[str]] = ..., atol: _Optional[float] = ..., rtol: _Optional[float] = ..., step: _Optional[float] = ..., richardson: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., localize: _Optional[bool] = ...) -> None: ...
+
+class DerivativeBlock(_message.Message):
+    __slots__ = ("output", "input", "value")
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    output: str
+    input: str
+    value: Tensor
+    def __init__(self, output: _Optional[str] = ..., input: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class MethodReport(_message.Message):
+    __slots__ = ("method", "ran", "detail", "seconds", "blocks")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    RAN_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    ran: bool
+    detail: str
+    seconds: float
+    blocks: _containers.RepeatedCompositeFieldContainer[DerivativeBlock]
+    def __init__(self, method: _Optional[str] = ..., ran: _Optional[bool] = ..., detail: _Optional[str] = ..., seconds: _Optional[float] = ..., blocks: _Optional[_Iterable[_Union[DerivativeBlock, _Mapping]]] = ...) -> None: ...
+
+class BlockComparison(_message.Message):
+    __slots__ = ("output", "input", "abs_error", "rel_error", "max_abs_error", "max_rel_error", "worst", "worst_value", "worst_reference", "passed")
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    ABS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    REL_ERROR_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    MAX_REL_ERROR_FIELD_NUMBER: _ClassVar[int]
+    WORST_FIELD_NUMBER: _ClassVar[int]
+    WORST_VALUE_FIELD_NUMBER: _ClassVar[int]
+    WORST_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    output: str
+    input: str
+    abs_error: Tensor
+    rel_error: Tensor
+    max_abs_error: float
+    max_rel_error: float
+    worst: _containers.RepeatedScalarFieldContainer[int]
+    worst_value: float
+    worst_reference: float
+    passed: bool
+    def __init__(self, output: _Optional[str] = ..., input: _Optional[str] = ..., abs_error: _Optional[_Union[Tensor, _Mapping]] = ..., rel_error: _Optional[_Union[Tensor, _Mapping]] = ..., max_abs_error: _Optional[float] = ..., max_rel_error: _Optional[float] = ..., worst: _Optional[_Iterable[int]] = ..., worst_value: _Optional[float] = ..., worst_reference: _Optional[float] = ..., passed: _Optional[bool] = ...) -> None: ...
+
+class MethodComparison(_message.Message):
+    __slots__ = ("method", "reference", "passed", "max_abs_error", "max_rel_error", "blocks")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    MAX_REL_ERROR_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    reference: str
+    passed: bool
+    max_abs_error: float
+    max_rel_error: float
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockComparison]
+    def __init__(self, method: _Optional[str] = ..., reference: _Optional[str] = ..., passed: _Optional[bool] = ..., max_abs_error: _Optional[float] = ..., max_rel_error: _Optional[float] = ..., blocks: _Optional[_Iterable[_Union[BlockComparison, _Mapping]]] = ...) -> None: ...
+
+class NodeCheck(_message.Message):
+    __slots__ = ("node", "op", "position", "operand", "source", "rule", "checked", "passed", "max_abs_error", "max_rel_error", "detail")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    OPERAND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    MAX_REL_ERROR_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    op: str
+    position: int
+    operand: str
+    source: str
+    rule: str
+    checked: bool
+    passed: bool
+    max_abs_error: float
+    max_rel_error: float
+    detail: str
+    def __init__(self, node: _Optional[str] = ..., op: _Optional[str] = ..., position: _Optional[int] = ..., operand: _Optional[str] = ..., source: _Optional[str] = ..., rule: _Optional[str] = ..., checked: _Optional[bool] = ..., passed: _Optional[bool] = ..., max_abs_error: _Optional[float] = ..., max_rel_error: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class CrossCheckResponse(_message.Message):
+    __slots__ = ("passed", "semiring", "atol", "rtol", "methods", "comparisons", "localized", "node_checks", "suspects", "text")
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_FIELD_NUMBER: _ClassVar[int]
+    ATOL_FIELD_NUMBER: _ClassVar[int]
+    RTOL_FIELD_NUMBER: _ClassVar[int]
+    METHODS_FIELD_NUMBER: _ClassVar[int]
+    COMPARISONS_FIELD_NUMBER: _ClassVar[int]
+    LOCALIZED_FIELD_NUMBER: _ClassVar[int]
+    NODE_CHECKS_FIELD_NUMBER: _ClassVar[int]
+    SUSPECTS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    passed: bool
+    semiring: str
+    atol: float
+    rtol: float
+    methods: _containers.RepeatedCompositeFieldContainer[MethodReport]
+    comparisons: _containers.RepeatedCompositeFieldContainer[MethodComparison]
+    localized: bool
+    node_checks: _containers.RepeatedCompositeFieldContainer[NodeCheck]
+    suspects: _containers.RepeatedScalarFieldContainer[str]
+    text: str
+    def __init__(self, passed: _Optional[bool] = ..., semiring: _Optional[str] = ..., atol: _Optional[float] = ..., rtol: _Optional[float] = ..., methods: _Optional[_Iterable[_Union[MethodReport, _Mapping]]] = ..., comparisons: _Optional[_Iterable[_Union[MethodComparison, _Mapping]]] = ..., localized: _Optional[bool] = ..., node_checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ..., suspects: _Optional[_Iterable[str]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class SymbolicGradientRequest(_message.Message):
+    __slots__ = ("graph_id", "wrt", "outputs", "no_simplify")
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    WRT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    NO_SIMPLIFY_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    wrt: _containers.RepeatedScalarFieldContainer[str]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    no_simplify: bool
+    def __init__(self, graph_id: _Optional[str] = ..., wrt: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., no_simplify: _Optional[bool] = ...) -> None: ...
+
+class Formula(_message.Message):
+    __slots__ = ("text", "latex")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LATEX_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    latex: str
+    def __init__(self, text: _Optional[str] = ..., latex: _Optional[str] = ...) -> None: ...
+
+class FormulaBlock(_message.Message):
+    __slots__ = ("output", "input", "shape", "formulas")
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    FORMULAS_FIELD_NUMBER: _ClassVar[int]
+    output: str
+    input: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    formulas: _containers.RepeatedCompositeFieldContainer[Formula]
+    def __init__(self, output: _Optional[str] = ..., input: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., formulas: _Optional[_Iterable[_Union[Formula, _Mapping]]] = ...) -> None: ...
+
+class SymbolicGradientResponse(_message.Message):
+    __slots__ = ("outputs", "derivatives", "python", "simplified", "detail")
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    DERIVATIVES_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    SIMPLIFIED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[FormulaBlock]
+    derivatives: _containers.RepeatedCompositeFieldContainer[FormulaBlock]
+    python: str
+    simplified: bool
+    detail: str
+    def __init__(self, outputs: _Optional[_Iterable[_Union[FormulaBlock, _Mapping]]] = ..., derivatives: _Optional[_Iterable[_Union[FormulaBlock, _Mapping]]] = ..., python: _Optional[str] = ..., simplified: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -64,6 +64,16 @@ class GraphServiceStub:
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsRequest.SerializeToString,
                 response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsResponse.FromString,
                 _registered_method=True)
+        self.CrossCheck = channel.unary_unary(
+                '/semigrad.v1.GraphService/CrossCheck',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.CrossCheckRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.CrossCheckResponse.FromString,
+                _registered_method=True)
+        self.SymbolicGradient = channel.unary_unary(
+                '/semigrad.v1.GraphService/SymbolicGradient',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientResponse.FromString,
+                _registered_method=True)
 
 
 class GraphServiceServicer:
@@ -105,6 +115,21 @@ class GraphServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CrossCheck(self, request, context):
+        """Compare reverse mode with the symbolic gradient and finite differences (or, for another
+        semiring, with brute-force path enumeration) at one point; localise disagreements.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SymbolicGradient(self, request, context):
+        """The derivatives of the outputs as formulas (text, LaTeX, Python source).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GraphServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +162,16 @@ def add_GraphServiceServicer_to_server(servicer, server):
                     servicer.ListSemirings,
                     request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsRequest.FromString,
                     response_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsResponse.SerializeToString,
+            ),
+            'CrossCheck': grpc.unary_unary_rpc_method_handler(
+                    servicer.CrossCheck,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.CrossCheckRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.CrossCheckResponse.SerializeToString,
+            ),
+            'SymbolicGradient': grpc.unary_unary_rpc_method_handler(
+                    servicer.SymbolicGradient,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +336,60 @@ class GraphService:
             '/semigrad.v1.GraphService/ListSemirings',
             semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsRequest.SerializeToString,
             semigrad_dot_v1_dot_semigrad__pb2.ListSemiringsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CrossCheck(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/semigrad.v1.GraphService/CrossCheck',
+            semigrad_dot_v1_dot_semigrad__pb2.CrossCheckRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.CrossCheckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SymbolicGradient(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/semigrad.v1.GraphService/SymbolicGradient',
+            semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientResponse.FromString,
             options,
             channel_credentials,
             insecure,
