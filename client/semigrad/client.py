@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 
 from . import codec
-from .errors import from_rpc_error
+from .errors import error_for_code, from_rpc_error
 from .graph import Graph
 from .specs import BestPath, OpInfo, SemiringInfo, TensorSpec
 from .v1 import semigrad_pb2 as pb
@@ -88,6 +88,13 @@ class Client:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
 
+    def _stream(self, method: str, requests):
+        """Responses of a streaming call, errors of the call itself as SemigradError."""
+        try:
+            yield from getattr(self._stub, method)(requests, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+
 
 class RegisteredGraph:
     """A graph stored on the server.
@@ -159,7 +166,66 @@ class RegisteredGraph:
         best path a selective semiring traces into ``gradients.best_paths``. ``backend`` forces an
         execution backend ("tensor", "scalar", "jit"; default "auto").
         """
-        request = pb.GradientRequest(
+        request = self._gradient_request(inputs, wrt, seeds, outputs, return_outputs, semiring, semiring_params,
+                                         return_components, best_path, backend)
+        gradients = _gradients_from(self.client._call("Gradient", request))
+        return (gradients, gradients.outputs) if return_outputs else gradients
+
+    def gradient_many(self, inputs: Mapping[str, object], chunk_size: int = 1024, *, progress: bool | None = None,
+                      **options) -> Gradients:
+        """:meth:`gradient` for a large batch, streamed in chunks of ``chunk_size`` items along the
+        first batch axis (one GradientStream call): the server works on one chunk while the next
+        is on the wire, and no message grows with the batch. Takes the options of
+        :meth:`gradient` (except ``best_path``) and returns the reassembled :class:`Gradients`.
+        ``progress``: show a tqdm progress bar (default: when tqdm is installed and there are
+        more than 8 chunks). A failing chunk does not stop the others; afterwards the first
+        failure is raised, naming every failed chunk.
+        """
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be at least 1")
+        arrays = {name: np.asarray(value, dtype=self.input_specs[name].dtype if name in self.input_specs else None)
+                  for name, value in inputs.items()}
+        batched = {name for name, a in arrays.items()
+                   if name in self.input_specs and a.ndim > len(self.input_specs[name].shape)}
+        sizes = {arrays[name].shape[0] for name in batched}
+        if len(sizes) > 1:
+            raise ValueError(f"batched inputs disagree on the first batch axis: {sorted(sizes)}")
+        total = sizes.pop() if sizes else 1
+        seeds = options.pop("seeds", None) or {}
+        starts = list(range(0, total, chunk_size))
+
+        def cut(values: Mapping[str, np.ndarray], specs, start: int):
+            return {name: a[start:start + chunk_size] if _has_batch(a, specs.get(name)) and batched else a
+                    for name, a in values.items()}
+
+        seed_arrays = {name: np.asarray(v) for name, v in seeds.items()}
+
+        def requests():
+            for k, start in enumerate(starts):
+                yield pb.GradientStreamRequest(chunk=k, request=self._gradient_request(
+                    cut(arrays, self.input_specs, start), seeds=cut(seed_arrays, self.output_specs, start), **options))
+
+        parts: list[Gradients | None] = [None] * len(starts)
+        failures = []
+        responses = self.client._stream("GradientStream", requests())
+        if progress or (progress is None and len(starts) > 8):
+            responses = _progress(responses, len(starts))
+        for message in responses:
+            if message.code:
+                failures.append((message.chunk, message.code, message.message))
+            else:
+                parts[message.chunk] = _gradients_from(message.response)
+        if failures:
+            chunk, code, text = failures[0]
+            listed = ", ".join(str(c) for c, _, _ in failures)
+            raise error_for_code(code, f"chunk {chunk} (items {chunk * chunk_size}..): {text} "
+                                       f"[failed chunks: {listed} of {len(starts)}]")
+        return _concatenate(parts, batched=bool(batched))
+
+    def _gradient_request(self, inputs, wrt=None, seeds=None, outputs=None, return_outputs=False,
+                          semiring="real", semiring_params=None, return_components=False, best_path=None,
+                          backend="auto") -> pb.GradientRequest:
+        return pb.GradientRequest(
             graph_id=self.id, inputs=_encode(inputs, self.input_specs), wrt=_names(wrt),
             seeds=_encode(seeds or {}, self.output_specs), outputs=_names(outputs),
             return_outputs=return_outputs, semiring=semiring,
@@ -168,12 +234,37 @@ class RegisteredGraph:
             best_paths=[pb.ElementRef(input=name, index=[int(i) for i in index]) for name, index in best_path or ()],
             backend=backend,
         )
-        response = self.client._call("Gradient", request)
-        gradients = Gradients(_decode(response.gradients))
-        gradients.outputs = _decode(response.outputs)
-        gradients.components = {x: _decode(parts.tensors) for x, parts in response.components.items()}
-        gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths]
-        return (gradients, gradients.outputs) if return_outputs else gradients
+
+
+def _gradients_from(response: pb.GradientResponse) -> Gradients:
+    gradients = Gradients(_decode(response.gradients))
+    gradients.outputs = _decode(response.outputs)
+    gradients.components = {x: _decode(parts.tensors) for x, parts in response.components.items()}
+    gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths]
+    return gradients
+
+
+def _has_batch(value: np.ndarray, spec: TensorSpec | None) -> bool:
+    return spec is not None and value.ndim > len(spec.shape)
+
+
+def _concatenate(parts: list[Gradients], batched: bool) -> Gradients:
+    if not batched:
+        return parts[0]
+    join = lambda dicts: {k: np.concatenate([d[k] for d in dicts]) for k in dicts[0]}  # noqa: E731
+    result = Gradients(join(parts))
+    result.outputs = join([p.outputs for p in parts]) if parts[0].outputs else {}
+    result.components = {x: join([p.components[x] for p in parts]) for x in parts[0].components}
+    result.best_paths = []
+    return result
+
+
+def _progress(responses, total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the progress bar is optional
+        return responses
+    return tqdm(responses, total=total, unit="chunk", desc="semigrad")
 
 
 class Gradients(dict):

@@ -88,3 +88,9 @@ def from_rpc_error(error: grpc.RpcError) -> SemigradError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     message = (error.details() if hasattr(error, "details") else None) or str(error)
     return _BY_CODE.get(code, SemigradError)(message, code)
+
+
+def error_for_code(number: int, message: str) -> SemigradError:
+    """The SemigradError subclass for a status code number (as carried inside stream messages)."""
+    code = next((c for c in grpc.StatusCode if c.value[0] == number), grpc.StatusCode.UNKNOWN)
+    return _BY_CODE.get(code, SemigradError)(message, code)

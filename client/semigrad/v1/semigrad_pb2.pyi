@@ -667,3 +667,23 @@ class SymbolicGradientResponse(_message.Message):
     simplified: bool
     detail: str
     def __init__(self, outputs: _Optional[_Iterable[_Union[FormulaBlock, _Mapping]]] = ..., derivatives: _Optional[_Iterable[_Union[FormulaBlock, _Mapping]]] = ..., python: _Optional[str] = ..., simplified: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class GradientStreamRequest(_message.Message):
+    __slots__ = ("chunk", "request")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    chunk: int
+    request: GradientRequest
+    def __init__(self, chunk: _Optional[int] = ..., request: _Optional[_Union[GradientRequest, _Mapping]] = ...) -> None: ...
+
+class GradientStreamResponse(_message.Message):
+    __slots__ = ("chunk", "response", "code", "message")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    chunk: int
+    response: GradientResponse
+    code: int
+    message: str
+    def __init__(self, chunk: _Optional[int] = ..., response: _Optional[_Union[GradientResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...

@@ -54,6 +54,11 @@ class GraphServiceStub:
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.GradientRequest.SerializeToString,
                 response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.GradientResponse.FromString,
                 _registered_method=True)
+        self.GradientStream = channel.stream_stream(
+                '/semigrad.v1.GraphService/GradientStream',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.GradientStreamRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.GradientStreamResponse.FromString,
+                _registered_method=True)
         self.ListOps = channel.unary_unary(
                 '/semigrad.v1.GraphService/ListOps',
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListOpsRequest.SerializeToString,
@@ -99,6 +104,13 @@ class GraphServiceServicer:
 
     def Gradient(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GradientStream(self, request_iterator, context):
+        """Chunks in, chunk results out, in order; an error inside one chunk does not end the stream.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -152,6 +164,11 @@ def add_GraphServiceServicer_to_server(servicer, server):
                     servicer.Gradient,
                     request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.GradientRequest.FromString,
                     response_serializer=semigrad_dot_v1_dot_semigrad__pb2.GradientResponse.SerializeToString,
+            ),
+            'GradientStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GradientStream,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.GradientStreamRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.GradientStreamResponse.SerializeToString,
             ),
             'ListOps': grpc.unary_unary_rpc_method_handler(
                     servicer.ListOps,
@@ -282,6 +299,33 @@ class GraphService:
             '/semigrad.v1.GraphService/Gradient',
             semigrad_dot_v1_dot_semigrad__pb2.GradientRequest.SerializeToString,
             semigrad_dot_v1_dot_semigrad__pb2.GradientResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GradientStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/semigrad.v1.GraphService/GradientStream',
+            semigrad_dot_v1_dot_semigrad__pb2.GradientStreamRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.GradientStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

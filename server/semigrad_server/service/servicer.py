@@ -71,6 +71,9 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
 
     @rpc
     def Gradient(self, request, context):
+        return self._gradient(request, deadline_of(context))
+
+    def _gradient(self, request, deadline):
         result = self.engine.gradient(
             request.graph_id, convert.tensors_to_arrays(request.inputs, "input"), wrt=list(request.wrt),
             seeds=convert.tensors_to_arrays(request.seeds, "seed"), outputs=list(request.outputs),
@@ -78,8 +81,33 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             semiring_params=convert.params_from_proto(request.semiring_params),
             return_components=request.return_components,
             best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
-            deadline=deadline_of(context), backend=request.backend)
+            deadline=deadline, backend=request.backend)
         return convert.gradient_response(result)
+
+    def GradientStream(self, request_iterator, context):
+        """Each chunk is answered in order; a failing chunk carries its status and the stream goes on."""
+        start, done, failed = time.perf_counter(), 0, 0
+        try:
+            for message in request_iterator:
+                if not context.is_active():
+                    break
+                try:
+                    response = pb.GradientStreamResponse(chunk=message.chunk,
+                                                         response=self._gradient(message.request, deadline_of(context)))
+                except errors.SemigradError as e:
+                    failed += 1
+                    response = pb.GradientStreamResponse(chunk=message.chunk,
+                                                         code=getattr(grpc.StatusCode, e.status).value[0], message=str(e))
+                except Exception as e:  # a bug: report it in the chunk, keep the stream and the server going
+                    log.exception("internal error in GradientStream chunk %d", message.chunk)
+                    failed += 1
+                    response = pb.GradientStreamResponse(chunk=message.chunk, code=grpc.StatusCode.INTERNAL.value[0],
+                                                         message=f"internal error: {type(e).__name__}: {e}")
+                done += 1
+                yield response
+        finally:
+            log.info("rpc=GradientStream chunks=%d failed=%d status=%s ms=%.2f", done, failed,
+                     "OK" if context.is_active() else "CANCELLED", (time.perf_counter() - start) * 1e3)
 
     @rpc
     def ListSemirings(self, request, context):
