@@ -14,6 +14,7 @@ from pathlib import Path
 
 BENCHES = [
     "det_minors",
+    "semiring_cost",
 ]
 
 

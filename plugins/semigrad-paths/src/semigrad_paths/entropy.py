@@ -58,5 +58,5 @@ class EntropySemiring(Semiring):
     def read(self, value):
         z, r = (np.asarray(c, dtype=np.float64) for c in value)
         with np.errstate(divide="ignore", invalid="ignore"):
-            h = np.where(z > 0, np.log(z) + r / z, 0.0)
+            h = np.where(z > 0, np.maximum(np.log(z) + r / z, 0.0), 0.0)  # H ≥ 0: no -1e-16 from rounding
         return {"entropy": h, "Z": z, "R": r}

@@ -1,0 +1,1 @@
+"""Broken semiring plugins, for the tests of plugin discovery (see pyproject.toml)."""
