@@ -25,7 +25,12 @@ SHELL := /bin/bash
 
 .PHONY: venv serve test proto bench clean distclean
 
+# Graphviz's dot program renders pictures (RegisteredGraph.render, `semigrad viz`); installed from
+# Debian's packages where possible, never failing the build (without it those tests are skipped).
 venv: $(STAMP)
+	@command -v dot >/dev/null || (command -v apt-get >/dev/null && (apt-get install -y -q graphviz || \
+	  (apt-get update -q && apt-get install -y -q graphviz)) >/dev/null 2>&1) || \
+	  echo "note: Graphviz's dot program is not installed; picture tests will be skipped"
 
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)

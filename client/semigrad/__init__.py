@@ -5,6 +5,7 @@ Build a :class:`Graph` with operators and the op functions, register it with a
 """
 
 from .client import Client, Gradients, RegisteredGraph
+from .description import BackwardGraph, BackwardNode, GraphDescription, NodeDerivative, NodeDescription
 from .errors import (
     Cancelled,
     DeadlineExceeded,
@@ -59,15 +60,20 @@ from .functions import (
     transpose,
     where,
 )
-from .graph import Graph, Handle
+from .graph import CustomOp, Graph, Handle
+from .hooks import Contribution, PreHook, ServerHook
+from .reports import CrossCheckReport, Formulas, SymbolicGradient
 from .specs import AttrSpec, BestPath, DerivativeRule, OpInfo, PathStep, SemiringInfo, TensorSpec
+from .viz import render_dot
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttrSpec", "BestPath", "Cancelled", "Client", "DeadlineExceeded", "DerivativeRule", "FailedPrecondition",
-    "Gradients", "Graph", "Handle", "Internal", "InvalidArgument", "NotFound", "OpInfo", "PathStep",
-    "RegisteredGraph", "ResourceExhausted", "SemigradError", "SemiringInfo", "TensorSpec", "Unavailable",
+    "AttrSpec", "BestPath", "Contribution", "PreHook", "ServerHook", "Cancelled", "Client", "CrossCheckReport", "CustomOp", "DeadlineExceeded",
+    "DerivativeRule", "FailedPrecondition", "Formulas", "Gradients", "Graph", "Handle", "Internal",
+    "InvalidArgument", "NotFound", "OpInfo", "PathStep", "RegisteredGraph", "ResourceExhausted", "SemigradError",
+    "SemiringInfo", "SymbolicGradient", "TensorSpec", "Unavailable",
+    "BackwardGraph", "BackwardNode", "GraphDescription", "NodeDerivative", "NodeDescription", "render_dot",
     "abs", "add", "broadcast_to", "concat", "cos", "div", "eq", "erf", "exp", "expm1", "ge",
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import grpc
 import numpy as np
 
 from . import codec
-from .errors import error_for_code, from_rpc_error
+from .description import GraphDescription
+from .errors import SemigradError, error_for_code, from_rpc_error
+from .hooks import Contribution, attachments
 from .graph import Graph
-from .specs import BestPath, OpInfo, SemiringInfo, TensorSpec
+from .reports import CrossCheckReport, SymbolicGradient
+from .specs import BestPath, OpInfo, PathStep, SemiringInfo, TensorSpec
+from .viz import render_dot
 from .v1 import semigrad_pb2 as pb
 from .v1 import semigrad_pb2_grpc as pb_grpc
 
@@ -54,18 +60,24 @@ class Client:
         message = graph.to_proto() if isinstance(graph, Graph) else graph
         response = self._call("RegisterGraph", pb.RegisterGraphRequest(graph=message))
         return RegisteredGraph(self, response.graph_id, message, response.types,
-                               created=response.created)
+                               created=response.created, custom_ops=response.custom_ops)
 
     def get_graph(self, graph_id: str) -> RegisteredGraph:
         """Bind to an already registered graph by id (NotFound if the server does not know it)."""
         response = self._call("GetGraph", pb.GetGraphRequest(graph_id=graph_id))
         return RegisteredGraph(self, response.graph_id, response.graph, response.types,
-                               created=False)
+                               created=False, custom_ops=response.custom_ops)
 
     def list_ops(self) -> list[OpInfo]:
         """Describe every op the server supports."""
         response = self._call("ListOps", pb.ListOpsRequest())
         return [OpInfo.from_proto(op) for op in response.ops]
+
+    def list_hooks(self) -> list[dict]:
+        """Every server-side hook (built-in and plugin): name, description, parameters, status."""
+        response = self._call("ListHooks", pb.ListHooksRequest())
+        return [{"name": h.name, "description": h.description, "parameters": dict(h.parameters),
+                 "distribution": h.distribution, "status": h.status, "error": h.error} for h in response.hooks]
 
     def list_semirings(self) -> list[SemiringInfo]:
         """Every semiring plugin the server found, with its status (failed ones included)."""
@@ -111,7 +123,7 @@ class RegisteredGraph:
     """
 
     def __init__(self, client: Client, graph_id: str, graph: pb.Graph, types: Iterable[pb.NodeType],
-                 *, created: bool):
+                 *, created: bool, custom_ops: Iterable[pb.OpInfo] = ()):
         self.client = client
         self.id = graph_id
         self.graph = graph
@@ -120,6 +132,84 @@ class RegisteredGraph:
         self.input_specs = {i.name: TensorSpec.from_proto(i) for i in graph.inputs}
         self.output_specs = {o.name: self.types[o.node] for o in graph.outputs
                              if o.node in self.types}
+        # The graph's custom ops as the server describes them (expression, derivative formulas).
+        self.custom_ops = {op.name: OpInfo.from_proto(op) for op in custom_ops}
+
+    def crosscheck(self, inputs: Mapping[str, object], wrt: str | Iterable[str] | None = None,
+                   outputs: str | Iterable[str] | None = None, *, methods: Iterable[str] | None = None,
+                   atol: float | None = None, rtol: float | None = None, step: float | None = None,
+                   richardson: bool = False, semiring: str = "real",
+                   semiring_params: Mapping[str, object] | None = None, localize: bool = False) -> CrossCheckReport:
+        """Compare the server's reverse-mode derivatives with other ways to them, at one point.
+
+        ``inputs`` gives every input with its declared shape (no batch dimensions). With the
+        real semiring the full Jacobian of each (output, ``wrt`` input) pair is computed by
+        reverse mode, symbolically (SymPy), by central finite differences (``step`` relative,
+        default 6e-6; ``richardson=True`` extrapolates) and, when every op is analytic, by the
+        complex step; ``methods`` picks some of "reverse", "symbolic", "finite_difference",
+        "complex_step". With another ``semiring`` the backward pass's path sums are compared
+        with brute-force path enumeration ("reverse", "path_enumeration").
+
+        Elements pass when |a - b| <= atol + rtol·|b| (defaults 1e-5 and 1e-3, as
+        torch.autograd.gradcheck). When a comparison fails (or with ``localize=True``) every
+        node's local derivative rule is checked against finite differences of that node alone,
+        and ``report.suspects`` names the nodes whose rule disagrees. Returns a
+        :class:`CrossCheckReport`; ``print(report)`` shows it.
+        """
+        request = pb.CrossCheckRequest(
+            graph_id=self.id, inputs=_encode(inputs, self.input_specs), wrt=_names(wrt), outputs=_names(outputs),
+            methods=_names(methods), richardson=richardson, semiring=semiring, localize=localize,
+            semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()})
+        for field_name, value in (("atol", atol), ("rtol", rtol), ("step", step)):
+            if value is not None:
+                setattr(request, field_name, float(value))
+        return CrossCheckReport.from_proto(self.client._call("CrossCheck", request))
+
+    def symbolic_gradient(self, wrt: str | Iterable[str] | None = None, outputs: str | Iterable[str] | None = None,
+                          *, simplify: bool = True) -> SymbolicGradient:
+        """Every derivative of the outputs (default: every float output) with respect to every
+        element of the ``wrt`` inputs (default: every float input), as formulas: text, LaTeX and
+        stand-alone Python source. See :class:`SymbolicGradient`."""
+        request = pb.SymbolicGradientRequest(graph_id=self.id, wrt=_names(wrt), outputs=_names(outputs),
+                                             no_simplify=not simplify)
+        return SymbolicGradient.from_proto(self.client._call("SymbolicGradient", request))
+
+    def describe(self, semiring: str = "real", wrt: str | Iterable[str] | None = None, *,
+                 outputs: str | Iterable[str] | None = None,
+                 semiring_params: Mapping[str, object] | None = None) -> GraphDescription:
+        """Every input and node: op, inputs (its next functions), consumers, inferred type, leaf /
+        requires-gradient (w.r.t. ``wrt``, default every float input) and derivative rules as
+        formulas of the node ids; and the backward graph reverse mode generates for ``semiring``,
+        ``wrt`` and ``outputs`` (default every float output). See :class:`GraphDescription`."""
+        request = pb.DescribeGraphRequest(
+            graph_id=self.id, semiring=semiring, wrt=_names(wrt), outputs=_names(outputs),
+            semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()})
+        return GraphDescription.from_proto(self.client._call("DescribeGraph", request))
+
+    def to_dot(self, values: Mapping[str, object] | None = None, gradients: Mapping[str, object] | None = None,
+               highlight_path=None, inputs: Mapping[str, object] | None = None, semiring: str = "real", *,
+               wrt: str | Iterable[str] | None = None, semiring_params: Mapping[str, object] | None = None) -> str:
+        """The graph as Graphviz DOT text (drawn by the server): each node labelled with id, op,
+        shape and dtype, inputs as leaves, outputs marked.
+
+        With ``inputs`` the server evaluates every node there and labels it with a summary of its
+        value and of its gradient (of the float outputs' sum, under ``semiring``, w.r.t. ``wrt``).
+        ``values`` and ``gradients`` (``{node or input id: array}``) are shown as given, over the
+        computed ones. ``highlight_path`` draws a path in red: a :class:`BestPath` or a sequence of
+        ``(node id, element index)`` pairs.
+        """
+        request = pb.DrawGraphRequest(
+            graph_id=self.id, inputs=_encode(inputs or {}, self.input_specs), semiring=semiring, wrt=_names(wrt),
+            semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()},
+            values=_encode(values or {}, self.types), gradients=_encode(gradients or {}, {}),
+            highlight=_path_elements(highlight_path))
+        return self.client._call("DrawGraph", request).dot
+
+    def render(self, path: str | Path, *, format: str | None = None, **options) -> Path:
+        """Draw the graph into ``path`` (``format`` from its suffix: .svg, .png, .pdf, ...) with the
+        graphviz Python package (``pip install 'semigrad[viz]'``) and Graphviz's dot program;
+        ``options`` are those of :meth:`to_dot`. Returns the path."""
+        return render_dot(self.to_dot(**options), path, format)
 
     def __repr__(self) -> str:
         return f"RegisteredGraph({self.id!r}, inputs={list(self.input_specs)})"
@@ -147,7 +237,8 @@ class RegisteredGraph:
                  outputs: str | Iterable[str] | None = None, return_outputs: bool = False, *,
                  semiring: str = "real", semiring_params: Mapping[str, object] | None = None,
                  return_components: bool = False,
-                 best_path: Iterable[tuple[str, Iterable[int]]] | None = None, backend: str = "auto"):
+                 best_path: Iterable[tuple[str, Iterable[int]]] | None = None, backend: str = "auto",
+                 retain: str | Iterable[str] | None = None, hooks: Mapping[str, object] | None = None):
         """Gradients of the outputs with respect to inputs, as :class:`Gradients`
         (a dict ``{input name: gradient}``).
 
@@ -165,11 +256,57 @@ class RegisteredGraph:
         ``best_path`` lists ``(input name, full index)`` elements (batch dimensions first) whose
         best path a selective semiring traces into ``gradients.best_paths``. ``backend`` forces an
         execution backend ("tensor", "scalar", "jit"; default "auto").
+
+        ``retain`` names intermediate nodes whose gradients come back in ``gradients.retained``.
+        ``hooks`` maps node ids to hooks (see :mod:`semigrad.hooks`): callables and
+        :class:`PreHook` run here, in this process, while the server waits;
+        :class:`ServerHook` runs on the server; what "record" hooks saw is in
+        ``gradients.records``.
         """
+        wire, local = attachments(hooks)
         request = self._gradient_request(inputs, wrt, seeds, outputs, return_outputs, semiring, semiring_params,
-                                         return_components, best_path, backend)
-        gradients = _gradients_from(self.client._call("Gradient", request))
+                                         return_components, best_path, backend, retain, wire)
+        if local:
+            gradients = self._gradient_with_client_hooks(request, local)
+        else:
+            gradients = _gradients_from(self.client._call("Gradient", request))
         return (gradients, gradients.outputs) if return_outputs else gradients
+
+    def _gradient_with_client_hooks(self, request: pb.GradientRequest, local: dict) -> Gradients:
+        """GradientWithHooks: answer each HookCall by running the client's function."""
+        outgoing: queue.Queue = queue.Queue()
+        outgoing.put(pb.HookStreamRequest(start=request))
+        failure: list[BaseException] = []
+
+        def requests():
+            while (item := outgoing.get()) is not None:
+                yield item
+
+        try:
+            for message in self.client._stub.GradientWithHooks(requests(), timeout=self.client.timeout):
+                if message.WhichOneof("kind") == "result":
+                    return _gradients_from(message.result)
+                call = message.call
+                reply = pb.HookReply(call=call.call)
+                try:
+                    fn = local[call.node, call.kind]
+                    if call.kind == "post":
+                        value = fn(codec.from_tensor(call.contributions[0].value))
+                    else:
+                        value = fn([Contribution(c.consumer, c.operand, codec.from_tensor(c.value))
+                                    for c in call.contributions])
+                    reply.value.CopyFrom(codec.to_tensor(np.asarray(value, dtype=np.float64)))
+                except Exception as e:  # the user's hook failed: tell the server, then re-raise it here
+                    failure.append(e)
+                    reply.error = f"{type(e).__name__}: {e}"
+                outgoing.put(pb.HookStreamRequest(reply=reply))
+        except grpc.RpcError as error:
+            if failure:
+                raise failure[0] from from_rpc_error(error)
+            raise from_rpc_error(error) from error
+        finally:
+            outgoing.put(None)
+        raise SemigradError("the server closed GradientWithHooks without a result")
 
     def gradient_many(self, inputs: Mapping[str, object], chunk_size: int = 1024, *, progress: bool | None = None,
                       **options) -> Gradients:
@@ -224,7 +361,7 @@ class RegisteredGraph:
 
     def _gradient_request(self, inputs, wrt=None, seeds=None, outputs=None, return_outputs=False,
                           semiring="real", semiring_params=None, return_components=False, best_path=None,
-                          backend="auto") -> pb.GradientRequest:
+                          backend="auto", retain=None, hooks=()) -> pb.GradientRequest:
         return pb.GradientRequest(
             graph_id=self.id, inputs=_encode(inputs, self.input_specs), wrt=_names(wrt),
             seeds=_encode(seeds or {}, self.output_specs), outputs=_names(outputs),
@@ -232,7 +369,7 @@ class RegisteredGraph:
             semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()},
             return_components=return_components,
             best_paths=[pb.ElementRef(input=name, index=[int(i) for i in index]) for name, index in best_path or ()],
-            backend=backend,
+            backend=backend, retain=_names(retain), hooks=list(hooks),
         )
 
 
@@ -241,6 +378,8 @@ def _gradients_from(response: pb.GradientResponse) -> Gradients:
     gradients.outputs = _decode(response.outputs)
     gradients.components = {x: _decode(parts.tensors) for x, parts in response.components.items()}
     gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths]
+    gradients.retained = _decode(response.retained)
+    gradients.records = {key: _decode(parts.tensors) for key, parts in response.records.items()}
     return gradients
 
 
@@ -275,7 +414,16 @@ class Gradients(dict):
     outputs: dict[str, np.ndarray]
     components: dict[str, dict[str, np.ndarray]]
     best_paths: list[BestPath]
+    retained: dict[str, np.ndarray]
+    records: dict[str, dict[str, np.ndarray]]
 
+
+
+def _path_elements(path) -> list[pb.NodeElement]:
+    """A BestPath, or (node, index) pairs or PathSteps, as NodeElements."""
+    steps = path.steps if isinstance(path, BestPath) else path or ()
+    pairs = [(step.node, step.index) if isinstance(step, PathStep) else step for step in steps]
+    return [pb.NodeElement(node=node, index=[int(i) for i in index]) for node, index in pairs]
 
 
 def _names(names: str | Iterable[str] | None) -> list[str]:

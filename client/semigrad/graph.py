@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import codec
+from . import codec, shapes
 from . import functions as F  # functions imports this module too: use F at call time only
 from .v1 import semigrad_pb2 as pb
 
@@ -27,6 +28,7 @@ class Graph:
         self._inputs: list[pb.GraphInput] = []
         self._nodes: list[pb.Node] = []
         self._outputs: list[pb.GraphOutput] = []
+        self._op_defs: dict[str, pb.OpDef] = {}  # custom ops by name
         self._ids: set[str] = set()  # input names and node ids share one namespace
         self._counter = 0
 
@@ -80,9 +82,51 @@ class Graph:
         self._outputs.append(pb.GraphOutput(name=name, node=handle.id))
         return handle
 
+    def op(self, name: str, operands: Sequence[str], expression: str,
+           grads: Mapping[str, str] | Sequence[str | None] | None = None, *, doc: str = "") -> CustomOp:
+        """Define a custom elementwise op and return it as a function of Handles.
+
+        ``expression`` is in the server's safe expression language: numbers, the ``operands``
+        by name, ``+ - * / **``, parentheses and the elementwise op functions (``sin``, ``exp``,
+        ``log``, ``sigmoid``, ``maximum``...). ``grads`` optionally gives the derivative with
+        respect to some operands (a mapping ``{operand: expression}``, or one entry per operand,
+        None for "derive it"); the server derives the others with SymPy. The op then works like a
+        built-in elementwise op: broadcasting, batches, every semiring, cross-checks.
+
+        >>> g = Graph()
+        >>> softclip = g.op("softclip", ["x"], "log(1 + exp(x)) - log(1 + exp(x - 1))")
+        >>> y = softclip(g.input("x", (3,)))
+        """
+        operands = [str(o) for o in operands]
+        if isinstance(grads, Mapping):
+            derivatives = {str(k): str(v) for k, v in grads.items() if v is not None}
+        else:
+            grads = list(grads or [])
+            if grads and len(grads) != len(operands):
+                raise ValueError(f"op {name!r}: {len(grads)} derivatives for {len(operands)} operands")
+            derivatives = {o: str(d) for o, d in zip(operands, grads) if d is not None}
+        unknown = sorted(set(derivatives) - set(operands))
+        if unknown:
+            raise ValueError(f"op {name!r}: derivative given for {unknown[0]!r}, which is not an operand")
+        definition = pb.OpDef(name=name, operands=operands, expression=expression, derivatives=derivatives, doc=doc)
+        existing = self._op_defs.get(name)
+        if existing is not None and existing != definition:
+            raise ValueError(f"op {name!r} is already defined differently in this graph")
+        self._op_defs[name] = definition
+        return CustomOp(self, definition)
+
+    def expr(self, expression: str, *, name: str | None = None, **operands) -> Handle:
+        """A one-off expression of Handles (or numbers) given by keyword, e.g.
+        ``g.expr("x * sin(y)", x=a, y=b)``: an anonymous custom op applied to them."""
+        if not operands:
+            raise ValueError("expr needs at least one operand, given by keyword")
+        digest = hashlib.sha256(repr((expression, list(operands))).encode()).hexdigest()[:12]
+        return self.op(f"expr_{digest}", list(operands), expression)(name=name, **operands)
+
     def to_proto(self) -> pb.Graph:
         """Return the graph as a ``semigrad.v1.Graph`` message."""
-        return pb.Graph(inputs=self._inputs, nodes=self._nodes, outputs=self._outputs)
+        return pb.Graph(inputs=self._inputs, nodes=self._nodes, outputs=self._outputs,
+                        op_defs=list(self._op_defs.values()))
 
     def _claim(self, name: str) -> None:
         if not isinstance(name, str) or not name:
@@ -189,6 +233,47 @@ class Handle:
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             (shape,) = shape
         return F.reshape(self, shape, name=name)
+
+
+class CustomOp:
+    """A custom op of a Graph (see :meth:`Graph.op`): call it on Handles or numbers, by
+    position or by operand name, to add a node, e.g. ``op(x, y)`` or ``op(x=a, y=b)``."""
+
+    def __init__(self, graph: Graph, definition: pb.OpDef):
+        self.graph = graph
+        self.definition = definition
+        self.name = definition.name
+        self.operands = tuple(definition.operands)
+
+    def __repr__(self) -> str:
+        return f"CustomOp({self.name!r}, operands={list(self.operands)}, expression={self.definition.expression!r})"
+
+    def __call__(self, *args, name: str | None = None, **kwargs) -> Handle:
+        if len(args) > len(self.operands):
+            raise TypeError(f"op {self.name!r} takes {len(self.operands)} operand(s), got {len(args)}")
+        values = dict(zip(self.operands, args))
+        for key, value in kwargs.items():
+            if key not in self.operands:
+                raise TypeError(f"op {self.name!r} has no operand {key!r} (operands: {', '.join(self.operands)})")
+            if key in values:
+                raise TypeError(f"op {self.name!r}: operand {key!r} given twice")
+            values[key] = value
+        missing = [o for o in self.operands if o not in values]
+        if missing:
+            raise TypeError(f"op {self.name!r}: missing operand(s) {', '.join(missing)}")
+        ordered = [values[o] for o in self.operands]
+        if not any(isinstance(v, Handle) for v in ordered):
+            ordered[0] = self.graph.const(np.asarray(ordered[0], dtype=np.float64))
+        handles = F._handles(ordered)
+        if any(h.graph is not self.graph for h in handles):
+            raise ValueError(f"op {self.name!r} belongs to another graph")
+        try:
+            shape = shapes.broadcast(*(h.shape for h in handles))
+        except ValueError as error:
+            raise ValueError(f"{self.name}: {error}") from None
+        dtypes = {h.dtype for h in handles}
+        dtype = dtypes.pop() if len(dtypes) == 1 and None not in dtypes else None
+        return self.graph.add_node(self.name, handles, shape=shape, dtype=dtype, name=name)
 
 
 _OPERAND_TYPES = (Handle, numbers.Number, np.ndarray, np.generic)

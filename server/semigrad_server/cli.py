@@ -1,4 +1,5 @@
-"""Command line: `semigrad serve ...`, `semigrad plugins [check NAME]`."""
+"""Command line: `semigrad serve ...`, `semigrad plugins [check NAME]`, `semigrad check FILE`,
+`semigrad diff EXPR OPERAND...`."""
 
 from __future__ import annotations
 
@@ -57,7 +58,50 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     check.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                        help="semiring parameter, e.g. k=5 for kbest (repeatable)")
+
+    add_symbolic_commands(commands)
     return parser
+
+
+def add_symbolic_commands(commands) -> None:
+    """`semigrad check FILE` and `semigrad diff EXPR OPERAND...` (see docs/crosscheck.md)."""
+    check = commands.add_parser(
+        "check", help="cross-check a graph's derivatives at one point (in-process, no server)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compare reverse mode with the symbolic gradient and finite differences (or, for another\n"
+                    "semiring, with brute-force path enumeration) and print the report. FILE is JSON:\n"
+                    '  {"graph": <semigrad.v1.Graph in the protobuf JSON mapping>,\n'
+                    '   "inputs": {"x": [[1, 2], [3, 4]], ...}}   (values as nested lists, or Tensor JSON)\n'
+                    'optionally with "wrt", "outputs", "methods", "atol", "rtol", "step", "richardson",\n'
+                    '"semiring", "semiring_params", "localize"; options given here override the file.\n'
+                    "Exit status: 0 passed, 1 failed, 2 bad input. See docs/crosscheck.md.")
+    check.add_argument("file", help="the JSON file")
+    check.add_argument("--wrt", action="append", default=None, metavar="INPUT", help="differentiate w.r.t. INPUT (repeatable)")
+    check.add_argument("--output", dest="outputs", action="append", default=None, metavar="OUTPUT",
+                       help="differentiate OUTPUT (repeatable)")
+    check.add_argument("--method", dest="methods", action="append", default=None, metavar="METHOD",
+                       help="reverse, symbolic, finite_difference, complex_step; path_enumeration (repeatable)")
+    check.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-5)")
+    check.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-3)")
+    check.add_argument("--step", type=float, default=None, help="relative finite-difference step (default 6e-6)")
+    check.add_argument("--richardson", action="store_true", default=None, help="Richardson extrapolation")
+    check.add_argument("--semiring", default=None, help="semiring of the backward pass (default real)")
+    check.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="semiring parameter")
+    check.add_argument("--localize", action="store_true", default=None,
+                       help="check every node's local rule even when the comparisons pass")
+
+    diff = commands.add_parser(
+        "diff", help="differentiate an expression symbolically and check it numerically",
+        description='Print the partial derivatives of EXPR (e.g. "x*sin(y)") with respect to each OPERAND, '
+                    "then compare them with the server's reverse mode and central differences at a random point.")
+    diff.add_argument("expression", help="an expression in the safe expression language")
+    diff.add_argument("operands", nargs="+", help="operand names, in order")
+    diff.add_argument("--at", action="append", default=[], metavar="NAME=VALUE", help="fix an operand's value")
+    diff.add_argument("--grad", action="append", default=[], metavar="NAME=EXPR",
+                      help="a hand-written derivative to check instead of SymPy's (used by reverse mode)")
+    diff.add_argument("--seed", type=int, default=0, help="random seed of the point (default 0)")
+    diff.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
+    diff.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +122,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.plugins_command == "check":
             return plugins_check(args.name, samples=args.samples, seed=args.seed, params=_parse_params(args.param))
         return plugins_list()
+    elif args.command == "check":
+        from .symbolic.commands import check
+
+        params = _parse_params(args.param) or None
+        return check(args.file, {"wrt": args.wrt, "outputs": args.outputs, "methods": args.methods,
+                                 "atol": args.atol, "rtol": args.rtol, "step": args.step,
+                                 "richardson": args.richardson, "semiring": args.semiring,
+                                 "semiring_params": params, "localize": args.localize})
+    elif args.command == "diff":
+        from .symbolic.commands import diff
+
+        at = {k: float(v) for k, v in _pairs(args.at, "--at").items()}
+        return diff(args.expression, args.operands, at, _pairs(args.grad, "--grad"), args.seed, args.atol, args.rtol)
     return 0
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"semigrad: {flag} expects NAME=VALUE, got '{item}'")
+        pairs[key.strip()] = value
+    return pairs
 
 
 # ---------------------------------------------------------------- semigrad plugins

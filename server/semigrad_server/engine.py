@@ -22,6 +22,11 @@ from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from .ir import Graph, Node, Type
 from .limits import Limits
 from .ops import REGISTRY, Registry, node_type
+from .hooks import run as hooks_run
+from .hooks.loader import HookRegistry
+from .hooks.loader import default_registry as default_hooks
+from .hooks.run import HookRun
+from .ops.hook_ops import HookSlot, hook_registry
 from .ops.semiring_ops import semiring_registry
 from .runtime import Plan
 from .runtime.compiled import BACKENDS, compile_executable
@@ -30,6 +35,7 @@ from .symbolic.custom import registry_for
 from .store import MemoryStore, SqliteStore
 
 ADJOINT_PREFIX = "adjoint:"
+RETAIN_PREFIX = "retain:"
 SEED_VALUE_PREFIX = "seedvalue:"
 VALUE_PREFIX = "value:"
 
@@ -90,6 +96,19 @@ class GradientResult:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     components: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     best_paths: list = field(default_factory=list)
+    retained: dict[str, np.ndarray] = field(default_factory=dict)
+    records: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HookRequest:
+    """A hook attachment as a request states it."""
+
+    node: str
+    hook: str = ""
+    kind: str = "post"
+    params: tuple = ()  # (name, value) pairs
+    client: bool = False
 
 
 class Engine:
@@ -97,9 +116,10 @@ class Engine:
     the in-memory cache of compiled graphs."""
 
     def __init__(self, limits: Limits | None = None, semirings: SemiringRegistry | None = None,
-                 persistent: SqliteStore | None = None):
+                 persistent: SqliteStore | None = None, hooks: HookRegistry | None = None):
         self.limits = limits or Limits()
         self.semirings = semirings or default_registry()
+        self.hooks = hooks or default_hooks()
         self.store: MemoryStore[CompiledGraph] = MemoryStore(self.limits.max_graphs)
         self.persistent = persistent
 
@@ -143,11 +163,19 @@ class Engine:
                  return_outputs: bool = False, semiring: str = "real",
                  semiring_params: Mapping[str, object] | None = None, return_components: bool = False,
                  best_paths: Sequence[tuple[str, tuple[int, ...]]] = (), deadline: float | None = None,
-                 backend: str = "auto"):
-        """Gradients (under `semiring`) of the outputs w.r.t. `wrt`. Returns a GradientResult."""
+                 backend: str = "auto", retain: Sequence[str] = (), hooks: Sequence[HookRequest] = (),
+                 hook_run: HookRun | None = None):
+        """Gradients (under `semiring`) of the outputs w.r.t. `wrt`. Returns a GradientResult.
+
+        `retain`: intermediate nodes whose gradients come back too. `hooks`: hook attachments;
+        client hooks call `hook_run.client`."""
         backend = _check_backend(backend)
         s = self.semirings.get(semiring, semiring_params)
         cg = self.get(graph_id)
+        for ref in retain:
+            if ref not in cg.types:
+                raise InvalidArgument(f"retain names unknown node '{ref}'")
+        slots = self._hook_slots(cg, hooks, s, hook_run)
         seeds = dict(seeds or {})
         names = self._output_names(cg, outputs)
         for name in names:
@@ -167,10 +195,15 @@ class Engine:
             batch = self._with_seed(cg, batch, name, seeds[name])
 
         key = ("gradient", s.key, tuple(names), tuple(wrt), seeded, return_outputs, bool(best_paths),
-               backend == "tensor")
+               backend == "tensor", tuple(retain), tuple(_slot_key(slot) for slot in slots))
         compiled = self._plan(cg, key, lambda: self._gradient_plan(cg, s, names, wrt, seeded, return_outputs,
-                                                                   bool(best_paths), backend))
-        results = self._run(compiled.plan, batch, deadline, backend)
+                                                                   bool(best_paths), backend, retain, slots))
+        run = hook_run or HookRun()
+        token = hooks_run.CURRENT.set(run)
+        try:
+            results = self._run(compiled.plan, batch, deadline, backend)
+        finally:
+            hooks_run.CURRENT.reset(token)
         result = GradientResult()
         for x in wrt:
             t = cg.types[x]
@@ -182,22 +215,64 @@ class Engine:
                 result.components[x] = read
         if return_outputs:
             result.outputs = {n: _full(results[n], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names}
+        for ref in retain:
+            value = results[RETAIN_PREFIX + ref] if ref in compiled.backward.adjoints else s.zeros(())
+            result.retained[ref] = _readback(s, value, batch.shape + cg.types[ref].shape)
+        for slot in slots:
+            recorded = run.records.get(slot.key)
+            if recorded:
+                result.records[slot.key] = {name: _readback(s, v, batch.shape + slot.shape)
+                                            for name, v in recorded.items()}
         if best_paths:
             from .autodiff.best_path import trace_best_paths
 
             result.best_paths = trace_best_paths(cg, compiled.backward, s, results, batch, best_paths, self)
         return result
 
+    def _hook_slots(self, cg: CompiledGraph, hooks: Sequence[HookRequest], s, run: HookRun | None) -> list[HookSlot]:
+        slots, pre_nodes = [], set()
+        for h in hooks:
+            kind = h.kind or "post"
+            if h.node not in cg.types:
+                raise InvalidArgument(f"hook attached to unknown node '{h.node}'")
+            if kind not in ("post", "pre"):
+                raise InvalidArgument(f"hook on node '{h.node}': kind must be 'post' or 'pre', got '{kind}'")
+            if kind == "pre":
+                if h.node in pre_nodes:
+                    raise InvalidArgument(f"node '{h.node}' has more than one pre-accumulate hook")
+                pre_nodes.add(h.node)
+            if h.client:
+                if run is None or run.client is None:
+                    raise InvalidArgument(f"the client hook on node '{h.node}' needs the GradientWithHooks stream")
+                if s.components != 1:
+                    raise FailedPrecondition(f"client hooks need a semiring with one array per value; "
+                                             f"'{s.name}' has {s.components}")
+                hook = None
+            else:
+                hook = self.hooks.get(h.hook)
+                try:
+                    hook.check(dict(h.params))
+                except (ValueError, TypeError) as e:
+                    raise InvalidArgument(f"hook '{h.hook}' on node '{h.node}': {e}") from None
+            slots.append(HookSlot(h.node, kind, hook, dict(h.params), cg.types[h.node].shape))
+        return slots
+
     def _gradient_plan(self, cg: CompiledGraph, s, names, wrt, seeded, return_outputs, keep_all: bool,
-                       backend: str = "auto"):
+                       backend: str = "auto", retain: Sequence[str] = (), slots: Sequence[HookSlot] = ()):
         if s.name == "real":
             registry, context = cg.registry, RealContext
         else:
             registry = semiring_registry(cg.registry, s)
             context = functools.partial(SemiringContext, semiring=s)
+        attached: dict[str, list[tuple[str, int]]] = {}
+        if slots:
+            registry = hook_registry(registry, list(slots), s)
+            for index, slot in enumerate(slots):
+                attached.setdefault(slot.node, []).append((slot.kind, index))
         bg = reverse(cg.graph, cg.order, cg.types, outputs=names, wrt=wrt, seeded=seeded, context=context,
-                     registry=registry)
+                     registry=registry, hooks=attached)
         outputs = [(GRAD_PREFIX + x, ref) for x, ref in bg.gradients.items() if ref is not None]
+        outputs += [(RETAIN_PREFIX + ref, bg.adjoints[ref]) for ref in retain if ref in bg.adjoints]
         if return_outputs or keep_all:
             outputs += [(n, ref) for n, ref in bg.outputs.items()]
         if keep_all:  # best paths read every adjoint, seed and forward value
@@ -304,6 +379,15 @@ def _check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise InvalidArgument(f"unknown backend '{backend}' (backends: {', '.join(BACKENDS)})")
     return backend
+
+
+def _slot_key(slot: HookSlot) -> tuple:
+    return slot.node, slot.kind, slot.hook.name if slot.hook else "<client>", repr(sorted(slot.params.items()))
+
+
+def _readback(s, value, shape: tuple) -> np.ndarray:
+    """A semiring value's primary array, broadcast to the request's full shape."""
+    return s.read(s.map(lambda c: np.broadcast_to(c, shape), value))[s.primary]
 
 
 def _cast(value: np.ndarray, t: Type) -> np.ndarray:

@@ -220,7 +220,7 @@ class EvaluateResponse(_message.Message):
     def __init__(self, outputs: _Optional[_Mapping[str, Tensor]] = ..., nodes: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class GradientRequest(_message.Message):
-    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend")
+    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend", "retain", "hooks")
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +253,8 @@ class GradientRequest(_message.Message):
     RETURN_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     BEST_PATHS_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_FIELD_NUMBER: _ClassVar[int]
+    HOOKS_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     inputs: _containers.MessageMap[str, Tensor]
     wrt: _containers.RepeatedScalarFieldContainer[str]
@@ -264,7 +266,30 @@ class GradientRequest(_message.Message):
     return_components: bool
     best_paths: _containers.RepeatedCompositeFieldContainer[ElementRef]
     backend: str
-    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ...) -> None: ...
+    retain: _containers.RepeatedScalarFieldContainer[str]
+    hooks: _containers.RepeatedCompositeFieldContainer[HookAttachment]
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ..., retain: _Optional[_Iterable[str]] = ..., hooks: _Optional[_Iterable[_Union[HookAttachment, _Mapping]]] = ...) -> None: ...
+
+class HookAttachment(_message.Message):
+    __slots__ = ("node", "hook", "kind", "params", "client")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttrValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttrValue, _Mapping]] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HOOK_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    hook: str
+    kind: str
+    params: _containers.MessageMap[str, AttrValue]
+    client: bool
+    def __init__(self, node: _Optional[str] = ..., hook: _Optional[str] = ..., kind: _Optional[str] = ..., params: _Optional[_Mapping[str, AttrValue]] = ..., client: _Optional[bool] = ...) -> None: ...
 
 class ElementRef(_message.Message):
     __slots__ = ("input", "index")
@@ -317,7 +342,7 @@ class BestPath(_message.Message):
     def __init__(self, start: _Optional[_Union[ElementRef, _Mapping]] = ..., output: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[PathStep, _Mapping]]] = ..., value: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GradientResponse(_message.Message):
-    __slots__ = ("gradients", "outputs", "components", "best_paths")
+    __slots__ = ("gradients", "outputs", "components", "best_paths", "retained", "records")
     class GradientsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -339,15 +364,33 @@ class GradientResponse(_message.Message):
         key: str
         value: Tensors
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensors, _Mapping]] = ...) -> None: ...
+    class RetainedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class RecordsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensors
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensors, _Mapping]] = ...) -> None: ...
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     BEST_PATHS_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
     gradients: _containers.MessageMap[str, Tensor]
     outputs: _containers.MessageMap[str, Tensor]
     components: _containers.MessageMap[str, Tensors]
     best_paths: _containers.RepeatedCompositeFieldContainer[BestPath]
-    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ..., components: _Optional[_Mapping[str, Tensors]] = ..., best_paths: _Optional[_Iterable[_Union[BestPath, _Mapping]]] = ...) -> None: ...
+    retained: _containers.MessageMap[str, Tensor]
+    records: _containers.MessageMap[str, Tensors]
+    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ..., components: _Optional[_Mapping[str, Tensors]] = ..., best_paths: _Optional[_Iterable[_Union[BestPath, _Mapping]]] = ..., retained: _Optional[_Mapping[str, Tensor]] = ..., records: _Optional[_Mapping[str, Tensors]] = ...) -> None: ...
 
 class ListSemiringsRequest(_message.Message):
     __slots__ = ()
@@ -687,3 +730,290 @@ class GradientStreamResponse(_message.Message):
     code: int
     message: str
     def __init__(self, chunk: _Optional[int] = ..., response: _Optional[_Union[GradientResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class HookStreamRequest(_message.Message):
+    __slots__ = ("start", "reply")
+    START_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    start: GradientRequest
+    reply: HookReply
+    def __init__(self, start: _Optional[_Union[GradientRequest, _Mapping]] = ..., reply: _Optional[_Union[HookReply, _Mapping]] = ...) -> None: ...
+
+class HookReply(_message.Message):
+    __slots__ = ("call", "value", "error")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    value: Tensor
+    error: str
+    def __init__(self, call: _Optional[int] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class HookContribution(_message.Message):
+    __slots__ = ("consumer", "operand", "value")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    OPERAND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    consumer: str
+    operand: int
+    value: Tensor
+    def __init__(self, consumer: _Optional[str] = ..., operand: _Optional[int] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class HookCall(_message.Message):
+    __slots__ = ("call", "node", "kind", "contributions")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    node: str
+    kind: str
+    contributions: _containers.RepeatedCompositeFieldContainer[HookContribution]
+    def __init__(self, call: _Optional[int] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., contributions: _Optional[_Iterable[_Union[HookContribution, _Mapping]]] = ...) -> None: ...
+
+class HookStreamResponse(_message.Message):
+    __slots__ = ("call", "result")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    call: HookCall
+    result: GradientResponse
+    def __init__(self, call: _Optional[_Union[HookCall, _Mapping]] = ..., result: _Optional[_Union[GradientResponse, _Mapping]] = ...) -> None: ...
+
+class ListHooksRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HookInfo(_message.Message):
+    __slots__ = ("name", "description", "parameters", "distribution", "status", "error")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters: _containers.ScalarMap[str, str]
+    distribution: str
+    status: str
+    error: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., distribution: _Optional[str] = ..., status: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ListHooksResponse(_message.Message):
+    __slots__ = ("hooks",)
+    HOOKS_FIELD_NUMBER: _ClassVar[int]
+    hooks: _containers.RepeatedCompositeFieldContainer[HookInfo]
+    def __init__(self, hooks: _Optional[_Iterable[_Union[HookInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeGraphRequest(_message.Message):
+    __slots__ = ("graph_id", "semiring", "semiring_params", "wrt", "outputs")
+    class SemiringParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttrValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttrValue, _Mapping]] = ...) -> None: ...
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    WRT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    semiring: str
+    semiring_params: _containers.MessageMap[str, AttrValue]
+    wrt: _containers.RepeatedScalarFieldContainer[str]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, graph_id: _Optional[str] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., wrt: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeDerivative(_message.Message):
+    __slots__ = ("position", "operand", "source", "formula")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    OPERAND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FORMULA_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    operand: str
+    source: str
+    formula: str
+    def __init__(self, position: _Optional[int] = ..., operand: _Optional[str] = ..., source: _Optional[str] = ..., formula: _Optional[str] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("id", "op", "inputs", "consumers", "shape", "dtype", "attrs", "leaf", "requires_grad", "outputs", "expression", "derivatives")
+    class AttrsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ATTRS_FIELD_NUMBER: _ClassVar[int]
+    LEAF_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_GRAD_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    DERIVATIVES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    op: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    consumers: _containers.RepeatedScalarFieldContainer[str]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: DType
+    attrs: _containers.ScalarMap[str, str]
+    leaf: bool
+    requires_grad: bool
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    expression: str
+    derivatives: _containers.RepeatedCompositeFieldContainer[NodeDerivative]
+    def __init__(self, id: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., consumers: _Optional[_Iterable[str]] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., attrs: _Optional[_Mapping[str, str]] = ..., leaf: _Optional[bool] = ..., requires_grad: _Optional[bool] = ..., outputs: _Optional[_Iterable[str]] = ..., expression: _Optional[str] = ..., derivatives: _Optional[_Iterable[_Union[NodeDerivative, _Mapping]]] = ...) -> None: ...
+
+class BackwardNode(_message.Message):
+    __slots__ = ("id", "op", "inputs", "attrs", "shape", "dtype")
+    class AttrsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    ATTRS_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    op: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    attrs: _containers.ScalarMap[str, str]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: DType
+    def __init__(self, id: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Mapping[str, str]] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+
+class BackwardGraphInfo(_message.Message):
+    __slots__ = ("semiring", "wrt", "outputs", "nodes", "gradients", "adjoints", "seeds")
+    class GradientsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class AdjointsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SeedsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEMIRING_FIELD_NUMBER: _ClassVar[int]
+    WRT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    ADJOINTS_FIELD_NUMBER: _ClassVar[int]
+    SEEDS_FIELD_NUMBER: _ClassVar[int]
+    semiring: str
+    wrt: _containers.RepeatedScalarFieldContainer[str]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    nodes: _containers.RepeatedCompositeFieldContainer[BackwardNode]
+    gradients: _containers.ScalarMap[str, str]
+    adjoints: _containers.ScalarMap[str, str]
+    seeds: _containers.ScalarMap[str, str]
+    def __init__(self, semiring: _Optional[str] = ..., wrt: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[_Union[BackwardNode, _Mapping]]] = ..., gradients: _Optional[_Mapping[str, str]] = ..., adjoints: _Optional[_Mapping[str, str]] = ..., seeds: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class DescribeGraphResponse(_message.Message):
+    __slots__ = ("graph_id", "nodes", "outputs", "wrt", "backward")
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    WRT_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    outputs: _containers.RepeatedCompositeFieldContainer[GraphOutput]
+    wrt: _containers.RepeatedScalarFieldContainer[str]
+    backward: BackwardGraphInfo
+    def __init__(self, graph_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[GraphOutput, _Mapping]]] = ..., wrt: _Optional[_Iterable[str]] = ..., backward: _Optional[_Union[BackwardGraphInfo, _Mapping]] = ...) -> None: ...
+
+class NodeElement(_message.Message):
+    __slots__ = ("node", "index")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    index: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node: _Optional[str] = ..., index: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DrawGraphRequest(_message.Message):
+    __slots__ = ("graph_id", "inputs", "semiring", "semiring_params", "wrt", "values", "gradients", "highlight")
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class SemiringParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttrValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttrValue, _Mapping]] = ...) -> None: ...
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class GradientsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_FIELD_NUMBER: _ClassVar[int]
+    SEMIRING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    WRT_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    HIGHLIGHT_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    inputs: _containers.MessageMap[str, Tensor]
+    semiring: str
+    semiring_params: _containers.MessageMap[str, AttrValue]
+    wrt: _containers.RepeatedScalarFieldContainer[str]
+    values: _containers.MessageMap[str, Tensor]
+    gradients: _containers.MessageMap[str, Tensor]
+    highlight: _containers.RepeatedCompositeFieldContainer[NodeElement]
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., wrt: _Optional[_Iterable[str]] = ..., values: _Optional[_Mapping[str, Tensor]] = ..., gradients: _Optional[_Mapping[str, Tensor]] = ..., highlight: _Optional[_Iterable[_Union[NodeElement, _Mapping]]] = ...) -> None: ...
+
+class DrawGraphResponse(_message.Message):
+    __slots__ = ("dot",)
+    DOT_FIELD_NUMBER: _ClassVar[int]
+    dot: str
+    def __init__(self, dot: _Optional[str] = ...) -> None: ...

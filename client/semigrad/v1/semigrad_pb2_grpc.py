@@ -59,6 +59,16 @@ class GraphServiceStub:
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.GradientStreamRequest.SerializeToString,
                 response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.GradientStreamResponse.FromString,
                 _registered_method=True)
+        self.GradientWithHooks = channel.stream_stream(
+                '/semigrad.v1.GraphService/GradientWithHooks',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.HookStreamRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.HookStreamResponse.FromString,
+                _registered_method=True)
+        self.ListHooks = channel.unary_unary(
+                '/semigrad.v1.GraphService/ListHooks',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListHooksRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListHooksResponse.FromString,
+                _registered_method=True)
         self.ListOps = channel.unary_unary(
                 '/semigrad.v1.GraphService/ListOps',
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListOpsRequest.SerializeToString,
@@ -78,6 +88,16 @@ class GraphServiceStub:
                 '/semigrad.v1.GraphService/SymbolicGradient',
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientRequest.SerializeToString,
                 response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientResponse.FromString,
+                _registered_method=True)
+        self.DescribeGraph = channel.unary_unary(
+                '/semigrad.v1.GraphService/DescribeGraph',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.DescribeGraphRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.DescribeGraphResponse.FromString,
+                _registered_method=True)
+        self.DrawGraph = channel.unary_unary(
+                '/semigrad.v1.GraphService/DrawGraph',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.DrawGraphRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.DrawGraphResponse.FromString,
                 _registered_method=True)
 
 
@@ -115,6 +135,20 @@ class GraphServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GradientWithHooks(self, request_iterator, context):
+        """A gradient whose backward pass pauses at client hooks: the server streams HookCalls, the
+        client streams HookReplies, and the last message is the result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListHooks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListOps(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -137,6 +171,20 @@ class GraphServiceServicer:
 
     def SymbolicGradient(self, request, context):
         """The derivatives of the outputs as formulas (text, LaTeX, Python source).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGraph(self, request, context):
+        """Every node with its op, inputs, consumers, type, derivative rules, and the backward graph.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrawGraph(self, request, context):
+        """The graph as Graphviz DOT text, labelled with values and gradients, a path highlighted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,6 +218,16 @@ def add_GraphServiceServicer_to_server(servicer, server):
                     request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.GradientStreamRequest.FromString,
                     response_serializer=semigrad_dot_v1_dot_semigrad__pb2.GradientStreamResponse.SerializeToString,
             ),
+            'GradientWithHooks': grpc.stream_stream_rpc_method_handler(
+                    servicer.GradientWithHooks,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.HookStreamRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.HookStreamResponse.SerializeToString,
+            ),
+            'ListHooks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHooks,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListHooksRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.ListHooksResponse.SerializeToString,
+            ),
             'ListOps': grpc.unary_unary_rpc_method_handler(
                     servicer.ListOps,
                     request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.ListOpsRequest.FromString,
@@ -189,6 +247,16 @@ def add_GraphServiceServicer_to_server(servicer, server):
                     servicer.SymbolicGradient,
                     request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientRequest.FromString,
                     response_serializer=semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientResponse.SerializeToString,
+            ),
+            'DescribeGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGraph,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.DescribeGraphRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.DescribeGraphResponse.SerializeToString,
+            ),
+            'DrawGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrawGraph,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.DrawGraphRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.DrawGraphResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -337,6 +405,60 @@ class GraphService:
             _registered_method=True)
 
     @staticmethod
+    def GradientWithHooks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/semigrad.v1.GraphService/GradientWithHooks',
+            semigrad_dot_v1_dot_semigrad__pb2.HookStreamRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.HookStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHooks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/semigrad.v1.GraphService/ListHooks',
+            semigrad_dot_v1_dot_semigrad__pb2.ListHooksRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.ListHooksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ListOps(request,
             target,
             options=(),
@@ -434,6 +556,60 @@ class GraphService:
             '/semigrad.v1.GraphService/SymbolicGradient',
             semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientRequest.SerializeToString,
             semigrad_dot_v1_dot_semigrad__pb2.SymbolicGradientResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/semigrad.v1.GraphService/DescribeGraph',
+            semigrad_dot_v1_dot_semigrad__pb2.DescribeGraphRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.DescribeGraphResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrawGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/semigrad.v1.GraphService/DrawGraph',
+            semigrad_dot_v1_dot_semigrad__pb2.DrawGraphRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.DrawGraphResponse.FromString,
             options,
             channel_credentials,
             insecure,

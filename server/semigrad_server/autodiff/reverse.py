@@ -9,7 +9,8 @@ is ⊕ over consumers of φ(edge) ⊗ adjoint(consumer)). Only nodes that both d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+import json
+from typing import Callable, Mapping, Sequence
 
 from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
@@ -48,15 +49,21 @@ def active_nodes(graph: Graph, order: Sequence[Node], types: dict[str, Type],
 def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outputs: Sequence[str],
             wrt: Sequence[str], seeded: Sequence[str] = (),
             context: Callable[[GraphBuilder], AdjointContext] = RealContext,
-            registry: Registry = REGISTRY) -> BackwardGraph:
+            registry: Registry = REGISTRY, hooks: Mapping[str, Sequence[tuple[str, int]]] | None = None
+            ) -> BackwardGraph:
     """Build the backward graph. Outputs in `seeded` get their cotangent from an extra input
-    named `seed:<output>`; the others are seeded with the semiring's one."""
+    named `seed:<output>`; the others are seeded with the semiring's one.
+
+    `hooks` maps a node (or input) id to its hook attachments, (kind, slot) pairs: "pre"
+    replaces the accumulation of its incoming contributions by a `hook_pre` op, "post"
+    passes the accumulated gradient through a `hook_post` op (see ops.hook_ops)."""
+    hooks = hooks or {}
     builder = GraphBuilder(graph, order, types, registry)
     ctx = context(builder)
     output_nodes = {name: graph.output_map[name] for name in outputs}
     active = active_nodes(graph, order, types, wrt, list(output_nodes.values()))
 
-    pending: dict[str, list[str]] = {}
+    pending: dict[str, list[tuple[tuple[str, int], str]]] = {}  # node -> [(edge, contribution)]
     seeds: dict[str, str] = {}
     for name, ref in output_nodes.items():
         if ref not in active:
@@ -66,29 +73,40 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
             seed = ctx.seed(builder.add_input(SEED_PREFIX + name, t))
         else:
             seed = ctx.one(t)
-        pending.setdefault(ref, []).append(seed)
+        pending.setdefault(ref, []).append((("output:" + name, 0), seed))
         seeds[ref] = seed if ref not in seeds else ctx.add(seeds[ref], seed)
 
     adjoints: dict[str, str] = {}
     for node in reversed(order):
         if node.id not in active or node.id not in pending:
             continue
-        g = adjoints[node.id] = _accumulate(ctx, pending.pop(node.id))
+        g = adjoints[node.id] = _finish(ctx, node.id, pending.pop(node.id), hooks.get(node.id, ()))
         positions = [pos for pos, ref in enumerate(node.inputs) if ref in active]
         if not positions:
             continue
         op = builder.ops[node.id]
         for pos, contribution in op.vjp(ctx, node, g, positions).items():
             if contribution is not None:
-                pending.setdefault(node.inputs[pos], []).append(contribution)
+                pending.setdefault(node.inputs[pos], []).append(((node.id, pos), contribution))
 
-    gradients = {x: _accumulate(ctx, pending[x]) if x in pending else None for x in wrt}
+    gradients = {x: _finish(ctx, x, pending[x], hooks.get(x, ())) if x in pending else None for x in wrt}
     adjoints.update({x: g for x, g in gradients.items() if g is not None})
     return BackwardGraph(builder.graph([]), builder.types, gradients, output_nodes, ctx, adjoints, seeds)
 
 
-def _accumulate(ctx: AdjointContext, contributions: list[str]) -> str:
-    value = contributions[0]
-    for c in contributions[1:]:
-        value = ctx.add(value, c)
+def _finish(ctx: AdjointContext, ref: str, entries: list[tuple[tuple[str, int], str]],
+            attached: Sequence[tuple[str, int]]) -> str:
+    """The adjoint of `ref`: its contributions accumulated (or handed to a pre hook), then
+    passed through its post hooks."""
+    pre = [slot for kind, slot in attached if kind == "pre"]
+    if pre:
+        value = ctx.emit("hook_pre", [c for _, c in entries], slot=pre[0],
+                         edges=json.dumps([list(edge) for edge, _ in entries]))
+    else:
+        value = entries[0][1]
+        for _, c in entries[1:]:
+            value = ctx.add(value, c)
+    for kind, slot in attached:
+        if kind == "post":
+            value = ctx.emit("hook_post", [value], slot=slot)
     return value

@@ -40,6 +40,7 @@ class OpDef:
     variadic: bool = False
     expression: object = None  # SymPy expression of the operands (elementwise ops)
     derivatives: tuple[tuple[str, str], ...] = ()  # (operand, formula text)
+    partials: tuple = ()  # SymPy partial derivative per operand, over the expression's symbols (elementwise ops)
     doc: str = ""
     internal: bool = False  # used in generated backward graphs; listed but rarely written by hand
     bound: object = None  # the configured semiring a semiring op computes in

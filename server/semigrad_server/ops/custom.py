@@ -56,5 +56,6 @@ def custom_op(name: str, symbols: Sequence[sp.Symbol], expression: sp.Expr, part
         vjp=elementwise_vjp(dict(enumerate(partials)), symbols),
         expression=expression,
         derivatives=tuple((str(s), str(p)) for s, p in zip(symbols, partials)),
+        partials=tuple(partials),
         doc=doc or f"custom op: {expression}",
     )

@@ -16,7 +16,7 @@ import sympy as sp
 from ..errors import GraphError
 from ..ir import Type
 from .base import OpDef, Registry, align, broadcast_item_shapes
-from .sym import X, Y, expm1, log1p, relu, sigmoid, softplus
+from .sym import X, Y, expm1, log1p, maximum, minimum, relu, sigmoid, softplus
 
 
 def _sigmoid(x):
@@ -62,8 +62,8 @@ ELEMENTWISE: list[tuple] = [
     ("softplus", softplus(X), _softplus, {}, "log(1 + exp(x)), computed stably"),
     ("abs", sp.Abs(X), np.abs, {}, "absolute value; derivative sign(x)"),
     ("relu", relu(X), _relu, {}, "max(x, 0); derivative 1/2 at 0"),
-    ("maximum", sp.Max(X, Y), np.maximum, {}, "elementwise max; ties split the derivative 1/2, 1/2"),
-    ("minimum", sp.Min(X, Y), np.minimum, {}, "elementwise min; ties split the derivative 1/2, 1/2"),
+    ("maximum", maximum(X, Y), np.maximum, {}, "elementwise max; ties split the derivative 1/2, 1/2"),
+    ("minimum", minimum(X, Y), np.minimum, {}, "elementwise min; ties split the derivative 1/2, 1/2"),
     ("erf", sp.erf(X), _erf, {}, "error function"),
     ("sign", sp.sign(X), np.sign, {X: sp.Integer(0)}, "sign of x (derivative 0)"),
     ("heaviside", sp.Heaviside(X), _heaviside, {X: sp.Integer(0)}, "step: 0 below 0, 1/2 at 0, 1 above (derivative 0)"),
@@ -129,6 +129,7 @@ def register(registry: Registry) -> None:
             vjp=elementwise_vjp(partials, symbols),
             expression=expr,
             derivatives=tuple((str(s), str(partials[k])) for k, s in enumerate(symbols)),
+            partials=tuple(partials[k] for k in range(len(symbols))),
             doc=doc,
             internal=name in ("heaviside",),
         ))

@@ -37,3 +37,41 @@ class expm1(sp.Function):
 
 
 X, Y = sp.symbols("x y", real=True)
+
+
+class maximum(sp.Function):
+    """max(x, y) as a binary function. Unlike sp.Max it never flattens nested maxima into one
+    n-ary Max nor compares its arguments (quadratic in their number); its derivative is the
+    op's rule, Heaviside(x - y) (1/2 at ties), and it prints as the op's name."""
+
+    nargs = 2
+
+    @classmethod
+    def eval(cls, x, y):
+        if x.is_Number and y.is_Number:
+            return sp.Max(x, y)
+        if x == y:
+            return x
+        return None
+
+    def fdiff(self, argindex=1):
+        x, y = self.args
+        return sp.Heaviside(x - y) if argindex == 1 else sp.Heaviside(y - x)
+
+
+class minimum(sp.Function):
+    """min(x, y) as a binary function (see maximum)."""
+
+    nargs = 2
+
+    @classmethod
+    def eval(cls, x, y):
+        if x.is_Number and y.is_Number:
+            return sp.Min(x, y)
+        if x == y:
+            return x
+        return None
+
+    def fdiff(self, argindex=1):
+        x, y = self.args
+        return sp.Heaviside(y - x) if argindex == 1 else sp.Heaviside(x - y)

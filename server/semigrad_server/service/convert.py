@@ -102,8 +102,17 @@ def params_from_proto(params: Mapping[str, pb.AttrValue]) -> dict[str, object]:
     return {key: _attr("semiring_params", key, value) for key, value in params.items()}
 
 
+def hooks_from_proto(attachments) -> list:
+    from ..engine import HookRequest
+
+    return [HookRequest(h.node, h.hook, h.kind or "post", tuple(sorted(params_from_proto(h.params).items())), h.client)
+            for h in attachments]
+
+
 def gradient_response(result) -> pb.GradientResponse:
     return pb.GradientResponse(
+        retained=arrays_to_tensors(result.retained),
+        records={key: pb.Tensors(tensors=arrays_to_tensors(parts)) for key, parts in result.records.items()},
         gradients=arrays_to_tensors(result.gradients),
         outputs=arrays_to_tensors(result.outputs),
         components={x: pb.Tensors(tensors=arrays_to_tensors(parts)) for x, parts in result.components.items()},
@@ -126,3 +135,69 @@ def semiring_info(record) -> pb.SemiringInfo:
         info.primary = s.primary
         info.parameters.update(dict(s.parameters))
     return info
+
+
+def crosscheck_response(report) -> pb.CrossCheckResponse:
+    def blocks(result):
+        return [pb.DerivativeBlock(output=o, input=x, value=codec.to_tensor(v))
+                for (o, x), v in result.blocks.items()]
+
+    return pb.CrossCheckResponse(
+        passed=report.passed, semiring=report.semiring, atol=report.atol, rtol=report.rtol,
+        methods=[pb.MethodReport(method=m.method, ran=m.ran, detail=m.detail, seconds=m.seconds, blocks=blocks(m))
+                 for m in report.methods],
+        comparisons=[pb.MethodComparison(
+            method=c.method, reference=c.reference, passed=c.passed, max_abs_error=c.max_abs_error,
+            max_rel_error=c.max_rel_error,
+            blocks=[pb.BlockComparison(
+                output=b.output, input=b.input, abs_error=codec.to_tensor(b.abs_error),
+                rel_error=codec.to_tensor(b.rel_error), max_abs_error=b.max_abs_error,
+                max_rel_error=b.max_rel_error, worst=b.worst, worst_value=b.worst_value,
+                worst_reference=b.worst_reference, passed=b.passed) for b in c.blocks])
+            for c in report.comparisons],
+        localized=report.localized,
+        node_checks=[pb.NodeCheck(node=c.node, op=c.op, position=c.position, operand=c.operand, source=c.source,
+                                  rule=c.rule, checked=c.checked, passed=c.passed, max_abs_error=c.max_abs_error,
+                                  max_rel_error=c.max_rel_error, detail=c.detail) for c in report.node_checks],
+        suspects=report.suspects,
+        text=report.text,
+    )
+
+
+def symbolic_gradient_response(result) -> pb.SymbolicGradientResponse:
+    def block(b):
+        return pb.FormulaBlock(output=b.output, input=b.input, shape=b.shape,
+                               formulas=[pb.Formula(text=t, latex=latex) for t, latex in zip(b.text, b.latex)])
+
+    return pb.SymbolicGradientResponse(outputs=[block(b) for b in result.outputs],
+                                       derivatives=[block(b) for b in result.derivatives], python=result.python,
+                                       simplified=result.simplified, detail=result.detail)
+
+
+def hook_info(record) -> pb.HookInfo:
+    info = pb.HookInfo(name=record.name, distribution=record.distribution, status=record.status, error=record.error)
+    if record.hook is not None:
+        info.description = record.hook.description
+        info.parameters.update(dict(record.hook.parameters))
+    return info
+
+
+def description_response(d) -> pb.DescribeGraphResponse:
+    """An inspect.describe.GraphDescription as a DescribeGraphResponse."""
+    response = pb.DescribeGraphResponse(
+        graph_id=d.graph_id, wrt=d.wrt, outputs=[pb.GraphOutput(name=name, node=ref) for name, ref in d.outputs],
+        nodes=[pb.NodeInfo(
+            id=n.id, op=n.op, inputs=n.inputs, consumers=n.consumers, shape=n.type.shape,
+            dtype=codec.dtype_to_proto(n.type.dtype), attrs=n.attrs, leaf=n.leaf, requires_grad=n.requires_grad,
+            outputs=n.outputs, expression=n.expression,
+            derivatives=[pb.NodeDerivative(position=r.position, operand=r.operand, source=r.source, formula=r.formula)
+                         for r in n.derivatives]) for n in d.nodes])
+    if d.backward is not None:
+        b = d.backward
+        response.backward.CopyFrom(pb.BackwardGraphInfo(
+            semiring=b.semiring, wrt=b.wrt, outputs=b.outputs, gradients=b.gradients, adjoints=b.adjoints,
+            seeds=b.seeds,
+            nodes=[pb.BackwardNode(id=n.id, op=n.op, inputs=n.inputs, attrs=n.attrs, shape=n.type.shape,
+                                   dtype=codec.dtype_to_proto(n.type.dtype)) for n in b.nodes]))
+    return response
+

@@ -12,8 +12,15 @@ from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 
 from .. import errors
 from ..engine import Engine
+from ..hooks.run import HookRun
+from ..inspect.describe import describe
+from ..inspect.draw import draw
 from ..ops import REGISTRY
+from ..symbolic.crosscheck import crosscheck
+from ..symbolic.custom import custom_ops
+from ..symbolic.formulas import symbolic_gradient
 from . import convert
+from .client_hooks import run_with_client_hooks
 
 log = logging.getLogger("semigrad.rpc")
 
@@ -53,13 +60,15 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
     @rpc
     def RegisterGraph(self, request, context):
         cg, created = self.engine.register(convert.graph_from_proto(request.graph))
-        return pb.RegisterGraphResponse(graph_id=cg.id, created=created, types=convert.node_types(cg.types))
+        return pb.RegisterGraphResponse(graph_id=cg.id, created=created, types=convert.node_types(cg.types),
+                                        custom_ops=[convert.op_info(op) for op in custom_ops(cg.registry)])
 
     @rpc
     def GetGraph(self, request, context):
         cg = self.engine.get(request.graph_id)
         return pb.GetGraphResponse(graph_id=cg.id, graph=convert.graph_to_proto(cg.graph),
-                                   types=convert.node_types(cg.types))
+                                   types=convert.node_types(cg.types),
+                                   custom_ops=[convert.op_info(op) for op in custom_ops(cg.registry)])
 
     @rpc
     def Evaluate(self, request, context):
@@ -73,7 +82,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
     def Gradient(self, request, context):
         return self._gradient(request, deadline_of(context))
 
-    def _gradient(self, request, deadline):
+    def _gradient(self, request, deadline, hook_run=None):
         result = self.engine.gradient(
             request.graph_id, convert.tensors_to_arrays(request.inputs, "input"), wrt=list(request.wrt),
             seeds=convert.tensors_to_arrays(request.seeds, "seed"), outputs=list(request.outputs),
@@ -81,8 +90,31 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             semiring_params=convert.params_from_proto(request.semiring_params),
             return_components=request.return_components,
             best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
-            deadline=deadline, backend=request.backend)
+            deadline=deadline, backend=request.backend, retain=list(request.retain),
+            hooks=convert.hooks_from_proto(request.hooks), hook_run=hook_run)
         return convert.gradient_response(result)
+
+    def GradientWithHooks(self, request_iterator, context):
+        start, code = time.perf_counter(), grpc.StatusCode.OK
+        detail = ""
+        try:
+            yield from run_with_client_hooks(
+                request_iterator, context,
+                lambda request, channel: self._gradient(request, deadline_of(context), HookRun(client=channel)))
+        except errors.SemigradError as e:
+            code, detail = getattr(grpc.StatusCode, e.status), str(e)
+        except Exception as e:
+            log.exception("internal error in GradientWithHooks")
+            code, detail = grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"
+        finally:
+            log.info("rpc=GradientWithHooks status=%s ms=%.2f%s", code.name, (time.perf_counter() - start) * 1e3,
+                     f" detail={detail!r}" if detail else "")
+        if code != grpc.StatusCode.OK:
+            context.abort(code, detail)
+
+    @rpc
+    def ListHooks(self, request, context):
+        return pb.ListHooksResponse(hooks=[convert.hook_info(r) for r in self.engine.hooks.records])
 
     def GradientStream(self, request_iterator, context):
         """Each chunk is answered in order; a failing chunk carries its status and the stream goes on."""
@@ -112,6 +144,40 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
     @rpc
     def ListSemirings(self, request, context):
         return pb.ListSemiringsResponse(semirings=[convert.semiring_info(r) for r in self.engine.semirings.records])
+
+    @rpc
+    def CrossCheck(self, request, context):
+        report = crosscheck(
+            self.engine, request.graph_id, convert.tensors_to_arrays(request.inputs, "input"), wrt=list(request.wrt),
+            outputs=list(request.outputs), methods=list(request.methods),
+            atol=request.atol if request.HasField("atol") else None,
+            rtol=request.rtol if request.HasField("rtol") else None,
+            step=request.step if request.HasField("step") else None, richardson=request.richardson,
+            semiring=request.semiring, semiring_params=convert.params_from_proto(request.semiring_params),
+            localize=request.localize, deadline=deadline_of(context))
+        return convert.crosscheck_response(report)
+
+    @rpc
+    def SymbolicGradient(self, request, context):
+        result = symbolic_gradient(self.engine, request.graph_id, wrt=list(request.wrt), outputs=list(request.outputs),
+                                   simplify=not request.no_simplify, deadline=deadline_of(context))
+        return convert.symbolic_gradient_response(result)
+
+    @rpc
+    def DescribeGraph(self, request, context):
+        description = describe(self.engine, request.graph_id, semiring=request.semiring,
+                               semiring_params=convert.params_from_proto(request.semiring_params),
+                               wrt=list(request.wrt), outputs=list(request.outputs))
+        return convert.description_response(description)
+
+    @rpc
+    def DrawGraph(self, request, context):
+        dot = draw(self.engine, request.graph_id, convert.tensors_to_arrays(request.inputs, "input"),
+                   semiring=request.semiring, semiring_params=convert.params_from_proto(request.semiring_params),
+                   wrt=list(request.wrt), values=convert.tensors_to_arrays(request.values, "value"),
+                   gradients=convert.tensors_to_arrays(request.gradients, "gradient"),
+                   highlight=[(e.node, tuple(e.index)) for e in request.highlight], deadline=deadline_of(context))
+        return pb.DrawGraphResponse(dot=dot)
 
     @rpc
     def ListOps(self, request, context):

@@ -20,7 +20,7 @@ from sympy.printing.numpy import NumPyPrinter
 
 from ..errors import FailedPrecondition
 from ..ops.elementwise import ELEMENTWISE
-from ..ops.sym import expm1, log1p, relu, sigmoid, softplus
+from ..ops.sym import expm1, log1p, maximum, minimum, relu, sigmoid, softplus
 
 _KERNELS = {name: fn for name, _, fn, _, _ in ELEMENTWISE}
 
@@ -33,7 +33,7 @@ def _zero(x, *orders):
 CALLS: dict[type, str] = {
     sp.sin: "numpy.sin", sp.cos: "numpy.cos", sp.tan: "numpy.tan", sp.tanh: "numpy.tanh", sp.exp: "numpy.exp",
     sp.log: "numpy.log", log1p: "numpy.log1p", expm1: "numpy.expm1", sp.sign: "numpy.sign", sp.Abs: "numpy.abs",
-    sp.Max: "numpy.maximum", sp.Min: "numpy.minimum",
+    sp.Max: "numpy.maximum", sp.Min: "numpy.minimum", maximum: "numpy.maximum", minimum: "numpy.minimum",
     sigmoid: "sigmoid", softplus: "softplus", relu: "relu", sp.erf: "erf", sp.Heaviside: "heaviside",
     sp.DiracDelta: "dirac_delta",
 }

@@ -37,7 +37,8 @@ MAX_DEPTH = 48  # depth of the syntax tree
 MAX_NODES = 600  # nodes of the syntax tree
 MAX_LITERAL = 1e15  # magnitude of a number literal
 MAX_EXPONENT = 100  # magnitude of a constant exponent
-MAX_CONSTANT_BITS = 2048  # bit length of numerators and denominators of folded constants
+MAX_CONSTANT = 1e100  # magnitude of a computed constant (e.g. 10**20, exp(30))
+MAX_CONSTANT_BITS = 2048  # bit length of numerators and denominators of computed constants
 MAX_OPERANDS = 16
 IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 # Printable ASCII and plain whitespace: no Unicode (identifiers would be NFKC-normalised), no controls.
@@ -207,7 +208,7 @@ class _Builder:
             value = math.pow(float(base), float(exponent))
         except (OverflowError, ValueError, ZeroDivisionError):
             self.fail(node, f"constant power ({_short(base)})**({_short(exponent)}) is too large or undefined")
-        if not math.isfinite(value) or abs(value) > MAX_LITERAL ** 4:
+        if not math.isfinite(value) or abs(value) > MAX_CONSTANT:
             self.fail(node, f"constant power ({_short(base)})**({_short(exponent)}) is too large")
         if base.is_Rational and exponent.is_Integer and (base != 0 or exponent >= 0):
             exact = sp.Pow(base, exponent)  # cheap: the base is small and |exponent| <= MAX_EXPONENT
@@ -244,14 +245,22 @@ class _Builder:
             value = math.nan
         if not math.isfinite(value):
             self.fail(node, f"constant {name}({', '.join(_short(a) for a in args)}) is undefined or infinite")
+        if abs(value) > MAX_CONSTANT:
+            self.fail(node, f"constant {name}({', '.join(_short(a) for a in args)}) is too large "
+                            f"(magnitude at most {MAX_CONSTANT:g})")
         return sp.Float(value)
 
     def checked(self, node: ast.AST, expr: sp.Expr) -> sp.Expr:
-        """Keep folded constants small."""
+        """Keep computed constants small, and constant exponents bounded even where SymPy
+        combined powers ((x**99)**99 is x**9801) or they came from pow(x, n)."""
         if expr.is_Rational and max(expr.p.bit_length(), expr.q.bit_length()) > MAX_CONSTANT_BITS:
             self.fail(node, f"constant too large (more than {MAX_CONSTANT_BITS} bits)")
-        if expr.is_Float and not math.isfinite(float(expr)):
-            self.fail(node, "constant out of range")
+        if expr.is_Number and not (expr.is_finite and bool(abs(expr) <= MAX_CONSTANT)):
+            self.fail(node, f"constant {_short(expr)} out of range (magnitude at most {MAX_CONSTANT:g})")
+        for power in expr.atoms(sp.Pow):
+            if power.exp.is_Number and bool(abs(power.exp) > MAX_EXPONENT):
+                self.fail(node, f"constant exponent {_short(power.exp)} is too large (magnitude at most "
+                                f"{MAX_EXPONENT}) in {_short(power)}")
         return expr
 
 
