@@ -16,6 +16,7 @@ from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
 
 CHECK_EVERY = 64  # steps between deadline checks
+MAX_FOLDED_ELEMENTS = 1 << 20  # constant-folded values larger than this are computed per request
 
 
 @dataclass(frozen=True)
@@ -67,20 +68,36 @@ class Plan:
             if slot not in keep:
                 frees.setdefault(step, []).append(slot)
 
-        steps = []
+        steps, folded = [], {}
         for i, node in enumerate(live_order):
             op = registry.get(node)
             node_attrs = attrs[node.id] if attrs is not None else op.check_node(node, [types[r] for r in node.inputs])
             kernel = op.kernel(node_attrs, [types[r] for r in node.inputs], types[node.id])
             if node.id in map_components:
                 kernel = _per_component(kernel)
+            if op.kind not in ("hook", "semiring") and all(slots[r] in folded for r in node.inputs) \
+                    and types[node.id].size <= MAX_FOLDED_ELEMENTS:
+                # Depends on constants only: computed once here (constant folding), not per request.
+                try:
+                    with np.errstate(all="ignore"):
+                        value = kernel(*(folded[slots[r]] for r in node.inputs))
+                except Exception:  # leave it to the run, which reports it against the node
+                    value = None
+                if isinstance(value, np.ndarray):
+                    value.flags.writeable = False  # shared by every request
+                    folded[slots[node.id]] = value
+                    continue
             steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id],
-                              tuple(frees.get(i, ()))))
+                              tuple(s for s in frees.get(i, ()) if s not in folded)))
         self.steps = tuple(steps)
+        self.constants = tuple((slot, value) for slot, value in folded.items()
+                               if slot in {a for step in steps for a in step.args} | keep)
 
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
             backend: str = "tensor") -> dict[str, np.ndarray]:
         env: list = [None] * self.n_slots
+        for slot, value in self.constants:
+            env[slot] = value
         for name, slot in self.input_slots:
             env[slot] = inputs[name]
         with np.errstate(all="ignore"):
