@@ -16,11 +16,22 @@ graphviz Python package and Graphviz's dot program. Exit status: 0 written, 1 ca
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Mapping
 
+import numpy as np
+from google.protobuf import json_format
+from semigrad import codec
+from semigrad.v1 import semigrad_pb2 as pb
+from semigrad.viz import render_dot
+
+from ..engine import Engine
 from ..errors import SemigradError
+from ..ir import DTYPES
+from ..service.convert import graph_from_proto
+from .draw import draw
 
 FILE_KEYS = {"graph", "inputs", "semiring", "semiring_params", "wrt", "best_path"}
 DOT_SUFFIXES = {".dot", ".gv"}
@@ -31,9 +42,6 @@ class BadInput(Exception):
 
 
 def viz(path: str, output: str | None, overrides: Mapping[str, object]) -> int:
-    from ..engine import Engine
-    from .draw import draw
-
     try:
         request = {**load_viz_file(path), **{k: v for k, v in overrides.items() if v is not None}}
         engine = Engine()
@@ -53,8 +61,6 @@ def viz(path: str, output: str | None, overrides: Mapping[str, object]) -> int:
     elif Path(output).suffix.lower() in DOT_SUFFIXES:
         Path(output).write_text(dot, encoding="utf-8")
     else:
-        from semigrad.viz import render_dot
-
         try:
             render_dot(dot, output)
         except (ImportError, RuntimeError, ValueError) as e:
@@ -64,15 +70,6 @@ def viz(path: str, output: str | None, overrides: Mapping[str, object]) -> int:
 
 
 def load_viz_file(path: str) -> dict:
-    import json
-
-    from google.protobuf import json_format
-    from semigrad import codec
-    from semigrad.v1 import semigrad_pb2 as pb
-
-    from ..ir import DTYPES
-    from ..service.convert import graph_from_proto
-
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
@@ -88,9 +85,10 @@ def load_viz_file(path: str) -> dict:
         graph = graph_from_proto(json_format.ParseDict(doc["graph"], pb.Graph()))
     except json_format.ParseError as e:
         raise BadInput(f"{path}: \"graph\" is not a semigrad.v1.Graph: {e}") from None
-    dtypes = {spec.name: DTYPES[spec.dtype] for spec in graph.inputs if spec.dtype in DTYPES}
-    if not isinstance(doc.get("inputs", {}), dict):
-        raise BadInput(f"{path}: \"inputs\" must map input names to values")
+    dtypes = {spec.name: DTYPES[spec.dtype] for spec in graph.inputs}
+    for key in ("inputs", "semiring_params"):
+        if not isinstance(doc.get(key, {}), dict):
+            raise BadInput(f"{path}: \"{key}\" must be an object")
     inputs = {}
     for name, value in doc.get("inputs", {}).items():
         try:

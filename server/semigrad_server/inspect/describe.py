@@ -81,6 +81,8 @@ class GraphDescription:
 
 def describe(engine, graph_id: str, *, semiring: str = "real", semiring_params: Mapping[str, object] | None = None,
              wrt: Sequence[str] = (), outputs: Sequence[str] = ()) -> GraphDescription:
+    """Every input and node of the graph, and its backward graph for `semiring`, `wrt` (default
+    every float input) and `outputs` (default every float output)."""
     cg = engine.get(graph_id)
     s = engine.semirings.get(semiring or "real", semiring_params)
     float_inputs = [spec.name for spec in cg.graph.inputs if spec.type.is_float]

@@ -42,7 +42,7 @@ def graph_dot(graph: Graph, types: Mapping[str, Type], values: Mapping[str, np.n
         if ref in gradients:
             lines.append("grad " + array_text(gradients[ref]))
         lines += ["output " + name for name in outputs.get(ref, ())]
-        lines += ["path " + str(list(index)) for index in on_path.get(ref, ())]
+        lines += [f"path {list(index)}" if index else "path" for index in on_path.get(ref, ())]
         attrs = [f"label={quote(chr(10).join(lines))}", style] + [OUTPUT_STYLE] * (ref in outputs)
         attrs += [HIGHLIGHT_STYLE] * (ref in on_path)
         return f"  {quote(ref)} [{', '.join(a for a in attrs if a)}];"
