@@ -1,5 +1,5 @@
 """Command line: `semigrad serve ...`, `semigrad plugins [check NAME]`, `semigrad check FILE`,
-`semigrad diff EXPR OPERAND...`."""
+`semigrad diff EXPR OPERAND...`, `semigrad viz FILE`."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="semiring parameter, e.g. k=5 for kbest (repeatable)")
 
     add_symbolic_commands(commands)
+    add_viz_command(commands)
     return parser
 
 
@@ -104,6 +105,29 @@ def add_symbolic_commands(commands) -> None:
     diff.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
 
 
+def add_viz_command(commands) -> None:
+    """`semigrad viz FILE -o graph.svg` (see docs/inspect-and-hook.md)."""
+    viz = commands.add_parser(
+        "viz", help="draw a graph, labelled with values and gradients (in-process, no server)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Draw a graph as Graphviz DOT text, or render it (.svg, .png, .pdf: needs the graphviz\n"
+                    "Python package and Graphviz's dot program). FILE is JSON:\n"
+                    '  {"graph": <semigrad.v1.Graph in the protobuf JSON mapping>,\n'
+                    '   "inputs": {"x": [[1, 2], [3, 4]], ...}}   (optional: label nodes with values and gradients)\n'
+                    'optionally with "semiring", "semiring_params", "wrt" and "best_path": {"input": "A",\n'
+                    '"index": [0, 0]} (a selective semiring\'s best path, highlighted); options given here\n'
+                    "override the file. Exit status: 0 written, 1 cannot render, 2 bad input.")
+    viz.add_argument("file", help="the JSON file")
+    viz.add_argument("-o", "--output", default=None,
+                     help="where to write: .dot/.gv for DOT text, .svg/.png/.pdf/... rendered (default: DOT on stdout)")
+    viz.add_argument("--semiring", default=None, help="semiring of the gradients shown (default real)")
+    viz.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="semiring parameter")
+    viz.add_argument("--wrt", action="append", default=None, metavar="INPUT",
+                     help="differentiate w.r.t. INPUT (repeatable)")
+    viz.add_argument("--best-path", default=None, metavar="INPUT:I,J,...",
+                     help="highlight the best path from this input element (selective semirings, e.g. A:0,1)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
@@ -135,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
 
         at = {k: float(v) for k, v in _pairs(args.at, "--at").items()}
         return diff(args.expression, args.operands, at, _pairs(args.grad, "--grad"), args.seed, args.atol, args.rtol)
+    elif args.command == "viz":
+        from .inspect.command import viz
+
+        params = _parse_params(args.param) or None
+        return viz(args.file, args.output, {"semiring": args.semiring, "semiring_params": params, "wrt": args.wrt,
+                                            "best_path": args.best_path})
     return 0
 
 
