@@ -134,8 +134,8 @@ def crosscheck(engine, graph_id: str, inputs: Mapping[str, np.ndarray], *, wrt: 
         results.append(result)
     ran = [r for r in results if r.ran]
     if len(ran) < 2:
-        raise FailedPrecondition(f"a cross-check needs two methods that can run; only {', '.join(r.method for r in ran)}"
-                                 f" could ({'; '.join(r.detail for r in results if not r.ran)})")
+        why = "; ".join(f"{r.method}: {r.detail}" for r in results if not r.ran)
+        raise FailedPrecondition(f"a cross-check needs two methods that can run here ({why})")
     comparisons = [_compare(a, b, atol, rtol) for k, a in enumerate(ran) for b in ran[k + 1:]]
     passed = all(c.passed for c in comparisons)
     report = CrossCheckReport(cg.id, passed, s.key, atol, rtol, results, comparisons)
@@ -185,6 +185,8 @@ def _methods(methods: Sequence[str], real: bool) -> list[str]:
             other = SEMIRING_METHODS if real else REAL_METHODS
             hint = " (that method is for the other kind of semiring)" if m in other else ""
             raise InvalidArgument(f"unknown cross-check method '{m}'{hint}; with this semiring: {', '.join(allowed)}")
+    if methods and len(set(methods)) < 2:
+        raise InvalidArgument(f"a cross-check compares at least two methods; got only {', '.join(set(methods))}")
     return sorted(set(methods), key=ORDER.__getitem__) if methods else list(allowed)
 
 

@@ -122,12 +122,31 @@ def _as_sympy(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _map(fn, operands: list[np.ndarray], shape: tuple) -> np.ndarray:
+def _map(fn, operands: list[np.ndarray], shape: tuple, numeric=None, dtypes=()) -> np.ndarray:
+    """fn per element; elements whose operands are all numbers go to `numeric` (the op's NumPy
+    kernel) instead, so SymPy never evaluates a function of a number (which for huge numbers,
+    say sin(exp(exp(700))), can recurse without end or not finish)."""
     out = np.empty(shape, dtype=object)
     aligned = [np.broadcast_to(a, shape) for a in operands]
     for index in np.ndindex(*shape):
-        out[index] = fn(*(a[index] for a in aligned))
+        args = [a[index] for a in aligned]
+        if numeric is not None and all(_is_number(a) for a in args):
+            with np.errstate(all="ignore"):
+                out[index] = _number(np.asarray(numeric(*(np.asarray(_plain(a), dtype=d) for a, d in
+                                                          zip(args, dtypes)))).item())
+        else:
+            out[index] = fn(*args)
     return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, sp.Basic) and (value.is_Number or value in (sp.true, sp.false))
+
+
+def _plain(value):
+    if value is sp.true or value is sp.false:
+        return bool(value)
+    return int(value) if value.is_Integer else float(value)
 
 
 def _boolean(value):
@@ -182,15 +201,20 @@ def _node(op, node, operands, in_types, out_type: Type, attrs: dict) -> np.ndarr
     name = node.op
     if name == "const":
         return _numbers(np.asarray(attrs["value"]))
+    if op.kind in ("elementwise", "comparison"):
+        numeric = op.kernel(attrs, [Type((), t.dtype) for t in in_types], Type((), out_type.dtype))
+        dtypes = [t.dtype for t in in_types]
     if name == "where":
-        return _map(lambda c, a, b: sp.Piecewise((a, _boolean(c)), (b, True)), operands, out_type.shape)
+        return _map(lambda c, a, b: sp.Piecewise((a, _boolean(c)), (b, True)), operands, out_type.shape,
+                    numeric, dtypes)
     if name in RELATIONS:
         relation = RELATIONS[name]
-        return _map(lambda a, b: relation(a, b), operands, out_type.shape)
+        return _map(lambda a, b: relation(a, b), operands, out_type.shape, numeric, dtypes)
     if op.kind == "elementwise" and op.expression is not None:
         symbols = tuple(sp.Symbol(s, real=True) for s in op.operands)
         expression = op.expression
-        return _map(lambda *args: expression.xreplace(dict(zip(symbols, args))), operands, out_type.shape)
+        return _map(lambda *args: expression.xreplace(dict(zip(symbols, args))), operands, out_type.shape,
+                    numeric, dtypes)
     if name == "sum":
         return _reduce(operands[0], attrs["axes"], attrs["keepdims"], lambda row: sp.Add(*row))
     if name == "mean":

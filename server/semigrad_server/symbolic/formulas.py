@@ -18,7 +18,7 @@ import sympy as sp
 from sympy.printing.str import StrPrinter
 
 from .expand import element_name
-from .gradient import SymbolicJacobian, simplified, symbolic_jacobian
+from .gradient import SymbolicJacobian, simplified, sympy_failures, symbolic_jacobian
 from .numeric import Printer, helper_source
 
 IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
@@ -51,7 +51,9 @@ def symbolic_gradient(engine, graph_id: str, wrt: Sequence[str] = (), outputs: S
     cg = engine.get(graph_id)
     outputs = select_outputs(engine, cg, outputs)
     wrt = engine._wrt(cg, wrt)
-    return formulas(cg, symbolic_jacobian(cg, outputs, wrt, deadline=deadline), simplify)
+    jac = symbolic_jacobian(cg, outputs, wrt, deadline=deadline)
+    with sympy_failures("the formulas"):
+        return formulas(cg, jac, simplify)
 
 
 def formulas(cg, jac: SymbolicJacobian, simplify: bool = True) -> Formulas:

@@ -3,13 +3,16 @@ with `sympy.diff` by each input element, then evaluated through NumPy (with comm
 subexpressions eliminated) or returned as formulas.
 
 Bounded: the expansion's size (see expand.MAX_TERMS), the size of the trees `diff` walks
-(MAX_DIFF_WORK), a wall-clock budget checked between derivatives, and simplification only
-for small formulas within its own time budget.
+(MAX_DIFF_WORK in all, MAX_ELEMENT_TREE per call: `diff` does not share work between
+repeated subexpressions, so tree size, not DAG size, is its cost), a wall-clock budget
+checked between derivatives, and simplification only for small formulas within its own
+time budget.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -21,7 +24,8 @@ from .custom import without_dirac
 from .expand import Expansion, expand, tree_size
 from .numeric import lambdify
 
-MAX_DIFF_WORK = 200_000  # Σ over output elements of (tree size × input elements it depends on): ~10 µs each
+MAX_DIFF_WORK = 200_000  # Σ over output elements of (tree size × input elements it depends on): 10-100 µs each
+MAX_ELEMENT_TREE = 50_000  # tree size of one output element: bounds one (uninterruptible) sympy.diff call
 MAX_SECONDS = 60.0  # differentiating and compiling
 SIMPLIFY_MAX_OPS = 40  # formulas simplified only up to this many operations ...
 SIMPLIFY_SECONDS = 3.0  # ... and while the simplification budget lasts
@@ -38,6 +42,21 @@ class SymbolicJacobian:
 def symbolic_jacobian(cg, outputs: Sequence[str], wrt: Sequence[str], constants: Mapping[str, np.ndarray] | None = None,
                       deadline: float | None = None) -> SymbolicJacobian:
     """d output / d input for every (output, wrt input) pair, as SymPy expressions."""
+    with sympy_failures("the symbolic gradient"):
+        return _symbolic_jacobian(cg, outputs, wrt, constants, deadline)
+
+
+@contextmanager
+def sympy_failures(what: str):
+    """SymPy giving up (deep recursion, numbers too large for its evaluation) is a refusal, not a crash."""
+    try:
+        yield
+    except (RecursionError, OverflowError, MemoryError) as e:
+        raise FailedPrecondition(f"{what} could not be computed: SymPy failed with {type(e).__name__} "
+                                 f"(cross-check without the 'symbolic' method)") from None
+
+
+def _symbolic_jacobian(cg, outputs, wrt, constants, deadline) -> SymbolicJacobian:
     bound = time.monotonic() + MAX_SECONDS
     deadline = bound if deadline is None else min(deadline, bound)
     refs = {name: cg.graph.output_map[name] for name in outputs}
@@ -48,9 +67,9 @@ def symbolic_jacobian(cg, outputs: Sequence[str], wrt: Sequence[str], constants:
     for array in values.values():
         for e in array.flat:
             n = len(free_symbols(e, free) & wanted)
-            if n:
-                work += n * tree_size([e], MAX_DIFF_WORK, sizes)
-            if work > MAX_DIFF_WORK:
+            size = tree_size([e], MAX_DIFF_WORK, sizes) if n else 0
+            work += n * size
+            if work > MAX_DIFF_WORK or size > MAX_ELEMENT_TREE:
                 raise FailedPrecondition(
                     f"the symbolic gradient is too large to compute: differentiating the expanded outputs would walk "
                     f"more than {MAX_DIFF_WORK} expression nodes (cross-check without the 'symbolic' method, or use "
@@ -102,9 +121,8 @@ def evaluate(jac: SymbolicJacobian, point: Mapping[str, np.ndarray]) -> dict[tup
     flat = [e for key in keys for e in jac.blocks[key].flat]
     if not flat:
         return {key: np.zeros(jac.blocks[key].shape) for key in keys}
-    fn = lambdify(symbols, flat, cse=True)
-    with np.errstate(all="ignore"):
-        values = fn(*args)
+    with sympy_failures("the symbolic gradient"), np.errstate(all="ignore"):
+        values = lambdify(symbols, flat, cse=True)(*args)
     out, k = {}, 0
     for key in keys:
         block = jac.blocks[key]
