@@ -15,7 +15,6 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,6 @@ It knows nothing of gRPC: arrays in, arrays out, errors from `errors`.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import OrderedDict
@@ -16,8 +15,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from . import ir
-from .autodiff import GRAD_PREFIX, SEED_PREFIX, RealContext, SemiringContext, reverse
-from .autodiff.reverse import BackwardGraph
+from .autodiff import GRAD_PREFIX, SEED_PREFIX, reverse
+from .autodiff.reverse import BackwardGraph, semiring_setup
 from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from .ir import Graph, Node, Type
 from .limits import Limits
@@ -27,7 +26,6 @@ from .hooks.loader import HookRegistry
 from .hooks.loader import default_registry as default_hooks
 from .hooks.run import HookRun
 from .ops.hook_ops import HookSlot, hook_registry
-from .ops.semiring_ops import semiring_registry
 from .runtime import Plan
 from .runtime.compiled import BACKENDS, compile_executable
 from .semiring.loader import SemiringRegistry, default_registry
@@ -259,11 +257,7 @@ class Engine:
 
     def _gradient_plan(self, cg: CompiledGraph, s, names, wrt, seeded, return_outputs, keep_all: bool,
                        backend: str = "auto", retain: Sequence[str] = (), slots: Sequence[HookSlot] = ()):
-        if s.name == "real":
-            registry, context = cg.registry, RealContext
-        else:
-            registry = semiring_registry(cg.registry, s)
-            context = functools.partial(SemiringContext, semiring=s)
+        registry, context = semiring_setup(cg.registry, s)
         attached: dict[str, list[tuple[str, int]]] = {}
         if slots:
             registry = hook_registry(registry, list(slots), s)

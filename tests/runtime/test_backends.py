@@ -3,6 +3,8 @@ few ulps (the scalar forms sum in a different order than NumPy's pairwise reduct
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import semigrad as sg
@@ -10,12 +12,7 @@ from reference import det_gradient, det_graph
 from test_op_gradients import CASES, build
 
 ULPS = dict(rtol=4e-15, atol=4e-15)
-try:
-    import numba  # noqa: F401
-
-    HAVE_NUMBA = True
-except ImportError:
-    HAVE_NUMBA = False
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
 
 def inputs_for(case, rng, batch):

@@ -9,13 +9,15 @@ is ⊕ over consumers of φ(edge) ⊗ adjoint(consumer)). Only nodes that both d
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 import json
 from typing import Callable, Mapping, Sequence
 
 from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
 from .builder import GraphBuilder
-from .context import AdjointContext, RealContext
+from ..ops.semiring_ops import semiring_registry
+from .context import AdjointContext, RealContext, SemiringContext
 
 SEED_PREFIX = "seed:"
 GRAD_PREFIX = "grad:"
@@ -30,6 +32,14 @@ class BackwardGraph:
     context: AdjointContext
     adjoints: dict[str, str]  # every visited node -> its accumulated adjoint
     seeds: dict[str, str]  # differentiated output node -> its seed value node
+
+
+def semiring_setup(base: Registry, semiring) -> tuple[Registry, Callable[[GraphBuilder], AdjointContext]]:
+    """The op registry and adjoint context of a backward pass under `semiring`: ordinary ops
+    for the real semiring (so the result can be differentiated again), semiring ops otherwise."""
+    if semiring.name == "real":
+        return base, RealContext
+    return semiring_registry(base, semiring), functools.partial(SemiringContext, semiring=semiring)
 
 
 def active_nodes(graph: Graph, order: Sequence[Node], types: dict[str, Type],

@@ -9,17 +9,16 @@ ops give their textual rule (e.g. matmul: g ⊗ bᵀ).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import sympy as sp
 
-from ..autodiff import RealContext, SemiringContext, reverse
+from ..autodiff import reverse
+from ..autodiff.reverse import semiring_setup
 from ..errors import InvalidArgument
 from ..ir import Node, Type, consumers_of
 from ..ops.base import OpDef
-from ..ops.semiring_ops import semiring_registry
 from .summary import attr_text
 
 INPUT_OP = "input"  # the op shown for graph inputs
@@ -142,10 +141,7 @@ def requiring_grad(order: Sequence[Node], types: Mapping[str, Type], wrt: Sequen
 
 
 def _backward(cg, s, wrt: list[str], outputs: list[str]) -> BackwardInfo:
-    if s.name == "real":
-        registry, context = cg.registry, RealContext
-    else:
-        registry, context = semiring_registry(cg.registry, s), functools.partial(SemiringContext, semiring=s)
+    registry, context = semiring_setup(cg.registry, s)
     bg = reverse(cg.graph, cg.order, cg.types, outputs=outputs, wrt=wrt, context=context, registry=registry)
     forward = set(cg.types)
     nodes = [BackwardNode(n.id, n.op, n.inputs, {k: attr_text(v) for k, v in sorted(n.attrs.items())},

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from .scalarize import ELEMENTWISE_FNS, ScalarProgram
 
