@@ -6,6 +6,8 @@ It knows nothing of gRPC: arrays in, arrays out, errors from `errors`.
 
 from __future__ import annotations
 
+import functools
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -49,7 +51,7 @@ class CompiledGraph:
     registry: Registry = field(default_factory=lambda: REGISTRY)  # the built-in ops plus the graph's custom ops
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @property
+    @functools.cached_property
     def inputs(self) -> dict[str, ir.InputSpec]:
         return {s.name: s for s in self.graph.inputs}
 
@@ -207,7 +209,8 @@ class Engine:
             t = cg.types[x]
             ref = compiled.backward.gradients[x]
             value = results[GRAD_PREFIX + x] if ref is not None else s.zeros(())
-            read = s.read(s.map(lambda c: np.broadcast_to(c, batch.shape + t.shape), value))
+            full_shape = batch.shape + t.shape
+            read = s.read(s.map(lambda c: c if np.shape(c) == full_shape else np.broadcast_to(c, full_shape), value))
             result.gradients[x] = _cast(read[s.primary], t) if s.name == "real" else read[s.primary]
             if return_components:
                 result.components[x] = read
@@ -293,7 +296,7 @@ class Engine:
         return built
 
     def _run(self, plan, batch: Batch, deadline: float | None, backend: str = "auto"):
-        items = int(np.prod(batch.shape, dtype=np.int64))
+        items = math.prod(batch.shape)
         work = items * plan.item_elements
         if work > self.limits.max_request_elements:
             raise ResourceExhausted(
@@ -344,11 +347,12 @@ class Engine:
             arrays[name] = a
             leads.append((name, a.shape[:lead]))
         try:
-            shape = tuple(np.broadcast_shapes(*(lead for _, lead in leads))) if leads else ()
+            distinct = {lead for _, lead in leads if lead}
+            shape = (distinct.pop() if len(distinct) == 1 else tuple(np.broadcast_shapes(*distinct))) if distinct else ()
         except ValueError:
             described = ", ".join(f"{n}: {list(s)}" for n, s in leads)
             raise InvalidArgument(f"batch dimensions of the inputs do not broadcast ({described})") from None
-        items = int(np.prod(shape, dtype=np.int64))
+        items = math.prod(shape)
         if items > self.limits.max_batch:
             raise ResourceExhausted(f"batch of {items} items; the limit is {self.limits.max_batch}")
         return Batch(arrays, shape)
@@ -381,7 +385,7 @@ def _slot_key(slot: HookSlot) -> tuple:
 
 def _readback(s, value, shape: tuple) -> np.ndarray:
     """A semiring value's primary array, broadcast to the request's full shape."""
-    return s.read(s.map(lambda c: np.broadcast_to(c, shape), value))[s.primary]
+    return s.read(s.map(lambda c: c if np.shape(c) == shape else np.broadcast_to(c, shape), value))[s.primary]
 
 
 def _cast(value: np.ndarray, t: Type) -> np.ndarray:

@@ -3,6 +3,7 @@ else the tensor plan. Both answer `run(inputs, deadline) -> {output name: value}
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Mapping, Sequence
 
@@ -43,9 +44,9 @@ class ScalarExecutable:
             raise DeadlineExceeded("deadline exceeded before the program ran")
         p = self.program
         leads = [inputs[name].shape[: inputs[name].ndim - len(shape)] for name, shape, _ in p.inputs]
-        batch = tuple(np.broadcast_shapes(*leads)) if leads else ()
-        if backend == "jit" or (backend == "auto" and self.jit is not None
-                                and int(np.prod(batch)) >= JIT_MIN_BATCH):
+        distinct = {lead for lead in leads if lead}
+        batch = (distinct.pop() if len(distinct) == 1 else tuple(np.broadcast_shapes(*distinct))) if distinct else ()
+        if backend == "jit" or (backend == "auto" and self.jit is not None and math.prod(batch) >= JIT_MIN_BATCH):
             result = self._run_jit(inputs, leads, batch, force=backend == "jit")
             if result is not None:
                 return result
@@ -62,7 +63,7 @@ class ScalarExecutable:
             rows = [np.asarray(inputs[name]).reshape(-1, 1) for name, _, _ in p.inputs]
             with np.errstate(all="ignore"):
                 return self._assemble(self.arrays(rows, self.consts, self.array_fns), (), single=True)
-        n = int(np.prod(batch))
+        n = math.prod(batch)
         rows = []
         for (name, shape, ids), lead in zip(p.inputs, leads):
             value = inputs[name]
