@@ -13,6 +13,7 @@ import functools
 import json
 from typing import Callable, Mapping, Sequence
 
+from ..errors import FailedPrecondition
 from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
 from .builder import GraphBuilder
@@ -95,6 +96,10 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
         if not positions:
             continue
         op = builder.ops[node.id]
+        if op.vjp is None:
+            semiring = getattr(getattr(ctx, "semiring", None), "name", "real")
+            raise FailedPrecondition(f"op '{op.name}' (node '{node.id}') has no adjoint rule, so it cannot be "
+                                     f"differentiated under the '{semiring}' semiring")
         for pos, contribution in op.vjp(ctx, node, g, positions).items():
             if contribution is not None:
                 pending.setdefault(node.inputs[pos], []).append(((node.id, pos), contribution))
