@@ -148,7 +148,7 @@ class Engine:
             if ref not in cg.types:
                 raise InvalidArgument(f"unknown node '{ref}' requested")
         batch = self._batch(cg, inputs)
-        key = ("evaluate", tuple(names), tuple(nodes), backend == "tensor")
+        key = ("evaluate", tuple(names), tuple(nodes), _compile_kind(backend))
         plan = self._plan(cg, key, lambda: compile_executable(
             cg.graph, cg.order, cg.types,
             [(n, cg.graph.output_map[n]) for n in names] + [("node:" + r, r) for r in nodes],
@@ -195,7 +195,7 @@ class Engine:
             batch = self._with_seed(cg, batch, name, seeds[name])
 
         key = ("gradient", s.key, tuple(names), tuple(wrt), seeded, return_outputs, bool(best_paths),
-               backend == "tensor", tuple(retain), tuple(_slot_key(slot) for slot in slots))
+               _compile_kind(backend), tuple(retain), tuple(_slot_key(slot) for slot in slots))
         compiled = self._plan(cg, key, lambda: self._gradient_plan(cg, s, names, wrt, seeded, return_outputs,
                                                                    bool(best_paths), backend, retain, slots))
         run = hook_run or HookRun()
@@ -370,6 +370,11 @@ class Engine:
             raise InvalidArgument(f"seed for output '{name}' has batch dimensions {list(seed.shape[:lead])}, "
                                   f"which do not broadcast with the inputs' {list(batch.shape)}") from None
         return Batch({**batch.arrays, SEED_PREFIX + name: seed.astype(t.dtype, copy=False)}, shape)
+
+
+def _compile_kind(backend: str) -> str:
+    """What a backend choice compiles to: scalar and jit share the scalar program."""
+    return "scalar" if backend in ("scalar", "jit") else backend
 
 
 def _check_backend(backend: str) -> str:

@@ -103,3 +103,22 @@ def test_unknown_backend_is_invalid(client):
     g.output("y", sg.sin(g.input("x", (2,))))
     with pytest.raises(sg.InvalidArgument, match="unknown backend 'gpu'"):
         client.register(g).gradient({"x": np.ones(2)}, backend="gpu")
+
+
+def test_a_forced_backend_is_not_served_from_another_backends_plan(rng):
+    from semigrad_server.engine import Engine
+    from semigrad_server.runtime import Plan
+    from semigrad_server.runtime.compiled import ScalarExecutable
+    from semigrad_server.service.convert import graph_from_proto
+
+    g = sg.Graph()
+    x, w = g.input("x", (8,)), g.input("w", (8, 8))
+    g.output("y", sg.sum(sg.tanh(x @ w)))  # wide: `auto` runs the tensor plan
+    engine = Engine()
+    cg, _ = engine.register(graph_from_proto(g.to_proto()))
+    inputs = {"x": rng.normal(size=(4, 8)), "w": rng.normal(size=(8, 8))}
+    auto = engine.gradient(cg.id, inputs).gradients
+    scalar = engine.gradient(cg.id, inputs, backend="scalar").gradients
+    kinds = {key[7]: type(value.plan) for key, value in cg.plans.items() if key[0] == "gradient"}
+    assert kinds == {"auto": Plan, "scalar": ScalarExecutable}
+    assert_same(scalar, auto, rtol=1e-13, atol=1e-13)

@@ -124,7 +124,8 @@ def compile_executable(graph: Graph, nodes: Sequence[Node], types: Mapping[str, 
     """The scalar program when the graph has one (and `backend` allows), else the tensor plan."""
     if backend != "tensor":
         try:
-            program = scalarize(graph, nodes, types, outputs, registry, attrs, semiring)
+            program = scalarize(graph, nodes, types, outputs, registry, attrs, semiring,
+                                only_if_narrow=backend == "auto")
             return ScalarExecutable(program, semiring)
         except NotScalarizable as e:
             if backend in ("scalar", "jit"):

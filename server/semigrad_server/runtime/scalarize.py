@@ -25,6 +25,9 @@ from ..ops.structural import COMPARISONS, full_index
 
 # Past this many scalar variables the tensor plan is used instead.
 MAX_SCALARS = 40_000
+# `auto` scalarises only graphs whose compute nodes are small on average (det-by-minors:
+# ~1 element); wide graphs (64-wide matmuls) run faster as tensor plans on BLAS.
+MAX_AUTO_ELEMENTS_PER_NODE = 16
 
 ELEMENTWISE_FNS = {name: fn for name, _, fn, _, _ in ELEMENTWISE}
 ELEMENTWISE_FNS.update(COMPARISONS)
@@ -163,8 +166,10 @@ class Scalarizer:
 
 
 def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], outputs: Sequence[tuple[str, str]],
-              registry: Registry, attrs: Mapping[str, dict], semiring=None) -> ScalarProgram:
-    """The scalar program computing `outputs`; raises NotScalarizable when there is none."""
+              registry: Registry, attrs: Mapping[str, dict], semiring=None, only_if_narrow: bool = False
+              ) -> ScalarProgram:
+    """The scalar program computing `outputs`; raises NotScalarizable when there is none
+    (or, with `only_if_narrow`, when the graph's compute nodes are wide: see MAX_AUTO_ELEMENTS_PER_NODE)."""
     needed = {ref for _, ref in outputs}
     live = []
     for node in reversed(list(nodes)):
@@ -175,6 +180,9 @@ def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], ou
     work = sum(_scalar_work(n, types) for n in live)
     if work > MAX_SCALARS:
         raise NotScalarizable(f"about {work} scalar operations")
+    compute_nodes = sum(1 for n in live if n.op not in STRUCTURAL_OPS) or 1
+    if only_if_narrow and work > MAX_AUTO_ELEMENTS_PER_NODE * compute_nodes:
+        raise NotScalarizable(f"wide graph: about {work // compute_nodes} scalar operations per node")
 
     sc = Scalarizer(semiring)
     ids: dict[str, np.ndarray] = {}
