@@ -377,8 +377,12 @@ def _matmul_infer(node, in_types, attrs):
 
 def _matmul_kernel(attrs, in_types, out_type):
     ra, rb = in_types[0].rank, in_types[1].rank
-    ra2, rb2 = max(ra, 2), max(rb, 2)
-    r2 = max(ra2, rb2)
+    r2 = max(ra, rb, 2)
+    inner = in_types[0].shape[-1]
+    # With one term per sum (outer products: the per-sample gradients of a matmul), a
+    # broadcast multiply computes the same products exactly and is far faster than a
+    # batched matmul of 1-wide matrices.
+    product = np.multiply if inner == 1 else np.matmul
 
     def as_matrix(x, rank, vector_axis):
         if rank == 1:
@@ -386,10 +390,10 @@ def _matmul_kernel(attrs, in_types, out_type):
         return align(x, max(rank, 2), r2)
 
     if ra >= 2 and rb >= 2 and ra == rb:
-        return np.matmul
+        return product
 
     def matmul(a, b):
-        out = np.matmul(as_matrix(a, ra, -2), as_matrix(b, rb, -1))
+        out = product(as_matrix(a, ra, -2), as_matrix(b, rb, -1))
         if rb == 1:
             out = out[..., 0]
         if ra == 1:
