@@ -16,29 +16,19 @@ graphviz Python package and Graphviz's dot program. Exit status: 0 written, 1 ca
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Mapping
 
-import numpy as np
-from google.protobuf import json_format
-from semigrad import codec
-from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.viz import render_dot
 
 from ..engine import Engine
 from ..errors import SemigradError
-from ..ir import DTYPES
-from ..service.convert import graph_from_proto
+from ..service.graph_file import BadInput, load_graph_file
 from .draw import draw
 
 FILE_KEYS = {"graph", "inputs", "semiring", "semiring_params", "wrt", "best_path"}
 DOT_SUFFIXES = {".dot", ".gv"}
-
-
-class BadInput(Exception):
-    """The file or the command line is wrong (exit status 2)."""
 
 
 def viz(path: str, output: str | None, overrides: Mapping[str, object]) -> int:
@@ -70,33 +60,7 @@ def viz(path: str, output: str | None, overrides: Mapping[str, object]) -> int:
 
 
 def load_viz_file(path: str) -> dict:
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BadInput(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict) or "graph" not in doc:
-        raise BadInput(f"{path}: expected an object with \"graph\" (see `semigrad viz --help`)")
-    unknown = sorted(set(doc) - FILE_KEYS)
-    if unknown:
-        raise BadInput(f"{path}: unknown key '{unknown[0]}' (keys: {', '.join(sorted(FILE_KEYS))})")
-    try:
-        graph = graph_from_proto(json_format.ParseDict(doc["graph"], pb.Graph()))
-    except json_format.ParseError as e:
-        raise BadInput(f"{path}: \"graph\" is not a semigrad.v1.Graph: {e}") from None
-    dtypes = {spec.name: DTYPES[spec.dtype] for spec in graph.inputs}
-    for key in ("inputs", "semiring_params"):
-        if not isinstance(doc.get(key, {}), dict):
-            raise BadInput(f"{path}: \"{key}\" must be an object")
-    inputs = {}
-    for name, value in doc.get("inputs", {}).items():
-        try:
-            inputs[name] = (codec.from_tensor(json_format.ParseDict(value, pb.Tensor())) if isinstance(value, dict)
-                            else np.asarray(value, dtype=dtypes.get(name, np.float64)))
-        except (json_format.ParseError, ValueError, TypeError) as e:
-            raise BadInput(f"{path}: input '{name}': {e}") from None
-    return {**doc, "graph": graph, "inputs": inputs}
+    return load_graph_file(path, keys=FILE_KEYS, required=("graph",), command="viz")
 
 
 def parse_best_path(text: str) -> dict:

@@ -13,7 +13,6 @@ and prints the cross-check report. Exit status: 0 passed, 1 failed, 2 bad input.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Mapping, Sequence
 
@@ -21,57 +20,16 @@ import numpy as np
 import sympy as sp
 
 from ..errors import SemigradError
-from ..ir import DTYPES, Graph, InputSpec, Node, OpDefinition
+from ..service.graph_file import BadInput, load_graph_file
+from ..ir import Graph, InputSpec, Node, OpDefinition
 
 FILE_KEYS = {"graph", "inputs", "wrt", "outputs", "methods", "atol", "rtol", "step", "richardson", "semiring",
              "semiring_params", "localize"}
 
 
-class BadInput(Exception):
-    """The file or the command line is wrong (exit status 2)."""
-
-
 def load_check_file(path: str) -> dict:
     """The request a check file describes: graph (IR), inputs (arrays) and options."""
-    from google.protobuf import json_format
-    from semigrad import codec
-    from semigrad.v1 import semigrad_pb2 as pb
-
-    from ..service.convert import graph_from_proto
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except OSError as e:
-        raise BadInput(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict) or "graph" not in doc or "inputs" not in doc:
-        raise BadInput(f"{path}: expected an object with \"graph\" and \"inputs\" (see `semigrad check --help`)")
-    unknown = sorted(set(doc) - FILE_KEYS)
-    if unknown:
-        raise BadInput(f"{path}: unknown key '{unknown[0]}' (keys: {', '.join(sorted(FILE_KEYS))})")
-    try:
-        message = json_format.ParseDict(doc["graph"], pb.Graph())
-    except json_format.ParseError as e:
-        raise BadInput(f"{path}: \"graph\" is not a semigrad.v1.Graph: {e}") from None
-    graph = graph_from_proto(message)
-    declared = {spec.name: spec for spec in graph.inputs}
-    if not isinstance(doc["inputs"], dict):
-        raise BadInput(f"{path}: \"inputs\" must map input names to values")
-    inputs = {}
-    for name, value in doc["inputs"].items():
-        spec = declared.get(name)
-        try:
-            if isinstance(value, dict):
-                inputs[name] = codec.from_tensor(json_format.ParseDict(value, pb.Tensor()))
-            else:
-                dtype = DTYPES[spec.dtype] if spec is not None else np.float64
-                inputs[name] = np.asarray(value, dtype=dtype)
-        except (json_format.ParseError, ValueError, TypeError) as e:
-            raise BadInput(f"{path}: input '{name}': {e}") from None
-    options = {k: v for k, v in doc.items() if k not in ("graph", "inputs")}
-    return {"graph": graph, "inputs": inputs, **options}
+    return load_graph_file(path, keys=FILE_KEYS, required=("graph", "inputs"), command="check")
 
 
 def check(path: str, overrides: Mapping[str, object], out=None) -> int:

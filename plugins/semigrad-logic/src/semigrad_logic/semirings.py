@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from semigrad_server.semiring.base import Semiring
+from semigrad_server.semiring.real import RealSemiring
 
 
 def _log_abs(d) -> np.ndarray:
@@ -48,37 +49,17 @@ class BooleanSemiring(Semiring):
         return np.asarray(a) == np.asarray(b)
 
 
-class CountingSemiring(Semiring):
+class CountingSemiring(RealSemiring):
     """(+, ×, 0, 1, φ = 1[d ≠ 0]): the number of paths from the input element to the output
-    along which every local partial is non-zero. float64: exact up to 2^53 paths, after
-    which counts are rounded (and may overflow to inf beyond ~1.8e308)."""
+    along which every local partial is non-zero: the real semiring with an indicator lift.
+    float64: exact up to 2^53 paths, after which counts are rounded (and may overflow to inf
+    beyond ~1.8e308)."""
 
     name = "counting"
     description = "number of paths with only non-zero local derivatives (float64, exact up to 2^53)"
-    commutative = True
-    idempotent = False
-    selective = False
-
-    def zeros(self, shape):
-        return np.zeros(shape)
-
-    def ones(self, shape):
-        return np.ones(shape)
-
-    def add(self, a, b):
-        return np.add(a, b)
-
-    def mul(self, a, b):
-        return np.multiply(a, b)
 
     def lift(self, d):
         return (np.asarray(d) != 0).astype(np.float64)
-
-    def sum(self, a, axis, keepdims=False):
-        return np.sum(a, axis=tuple(axis), keepdims=keepdims)
-
-    def matmul(self, a, b):
-        return np.matmul(a, b)
 
 
 class MaxPlusSemiring(Semiring):
