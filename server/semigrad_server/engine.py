@@ -199,19 +199,26 @@ class Engine:
         compiled = self._plan(cg, key, lambda: self._gradient_plan(cg, s, names, wrt, seeded, return_outputs,
                                                                    bool(best_paths), backend, retain, slots))
         run = hook_run or HookRun()
-        token = hooks_run.CURRENT.set(run)
-        try:
+        if slots:
+            token = hooks_run.CURRENT.set(run)
+            try:
+                results = self._run(compiled.plan, batch, deadline, backend)
+            finally:
+                hooks_run.CURRENT.reset(token)
+        else:
             results = self._run(compiled.plan, batch, deadline, backend)
-        finally:
-            hooks_run.CURRENT.reset(token)
         result = GradientResult()
+        real = s.name == "real"
         for x in wrt:
             t = cg.types[x]
             ref = compiled.backward.gradients[x]
             value = results[GRAD_PREFIX + x] if ref is not None else s.zeros(())
+            if real and not return_components:
+                result.gradients[x] = _full(value, batch.shape, t)
+                continue
             full_shape = batch.shape + t.shape
             read = s.read(s.map(lambda c: c if np.shape(c) == full_shape else np.broadcast_to(c, full_shape), value))
-            result.gradients[x] = _cast(read[s.primary], t) if s.name == "real" else read[s.primary]
+            result.gradients[x] = _cast(read[s.primary], t) if real else read[s.primary]
             if return_components:
                 result.components[x] = read
         if return_outputs:

@@ -58,7 +58,7 @@ class ScalarExecutable:
                 except (ArithmeticError, ValueError):  # IEEE inf/NaN cases: rerun with NumPy semantics
                     values = None
                 if values is not None:
-                    return {name: np.array(vals, dtype=np.result_type(*vals) if vals else np.float64).reshape(shape)
+                    return {name: np.array(vals, dtype=np.float64 if not vals else None).reshape(shape)
                             for (name, shape, _), vals in zip(p.outputs, values)}
             rows = [np.asarray(inputs[name]).reshape(-1, 1) for name, _, _ in p.inputs]
             with np.errstate(all="ignore"):

@@ -73,7 +73,9 @@ class Semiring:
 
     # ------------------------------------------------------------ with defaults
     def configure(self, params: Mapping[str, object]) -> "Semiring":
-        """Return the semiring to use for a request with these parameters (default: none allowed)."""
+        """Return the semiring to use for a request with these parameters (default: none allowed).
+        With no parameters it must behave as the plugin as loaded (requests without parameters
+        use that instance directly)."""
         if params:
             raise ValueError(f"semiring '{self.name}' takes no parameters (got {', '.join(params)})")
         return self
