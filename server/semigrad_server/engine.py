@@ -216,8 +216,7 @@ class Engine:
             if real and not return_components:
                 result.gradients[x] = _full(value, batch.shape, t)
                 continue
-            full_shape = batch.shape + t.shape
-            read = s.read(s.map(lambda c: c if np.shape(c) == full_shape else np.broadcast_to(c, full_shape), value))
+            read = _read_full(s, value, batch.shape + t.shape)
             result.gradients[x] = _cast(read[s.primary], t) if real else read[s.primary]
             if return_components:
                 result.components[x] = read
@@ -395,9 +394,14 @@ def _slot_key(slot: HookSlot) -> tuple:
     return slot.node, slot.kind, slot.hook.name if slot.hook else "<client>", repr(sorted(slot.params.items()))
 
 
+def _read_full(s, value, shape: tuple) -> dict[str, np.ndarray]:
+    """A semiring value's named arrays, broadcast to the request's full shape."""
+    return s.read(s.map(lambda c: c if np.shape(c) == shape else np.broadcast_to(c, shape), value))
+
+
 def _readback(s, value, shape: tuple) -> np.ndarray:
     """A semiring value's primary array, broadcast to the request's full shape."""
-    return s.read(s.map(lambda c: c if np.shape(c) == shape else np.broadcast_to(c, shape), value))[s.primary]
+    return _read_full(s, value, shape)[s.primary]
 
 
 def _cast(value: np.ndarray, t: Type) -> np.ndarray:
