@@ -21,6 +21,7 @@ from .servicer import GraphServicer
 
 log = logging.getLogger("semigrad.server")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s %(message)s"
+SIGNAL_POLL_SECONDS = 0.2
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GraphService"].full_name
 
 
@@ -75,7 +76,10 @@ def _serve_one(host, port, *, limits, threads, grace, store, reuse_port) -> None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # A timed wait: when a signal lands on one of grpc's threads, CPython only flags it, and
+    # the handler runs once the main thread wakes up; an untimed wait could sleep forever.
+    while not stop.wait(SIGNAL_POLL_SECONDS):
+        pass
     log.info("shutting down (grace %.1fs)", grace)
     server.stop(grace).wait()
 
@@ -92,7 +96,7 @@ def _supervise(host, port, *, workers, grace, **kwargs) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
+    while not stop.wait(SIGNAL_POLL_SECONDS):
         if any(not p.is_alive() for p in procs):
             log.error("a worker exited; stopping the others")
             break
