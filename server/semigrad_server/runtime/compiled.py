@@ -14,7 +14,7 @@ from ..ir import Graph, Node, Type
 from ..ops import Registry
 from ..errors import FailedPrecondition
 from .codegen import compile_program, const_table, functions
-from .jit import JitProgram
+from .jit import JitProgram, readonly
 from .plan import Plan
 from .scalarize import NotScalarizable, ScalarProgram, scalarize
 
@@ -91,7 +91,7 @@ class ScalarExecutable:
         for (name, shape, ids), lead in zip(self.program.inputs, leads):
             value = inputs[name]
             full = np.broadcast_to(value, batch + shape) if lead else value
-            arrays.append(np.ascontiguousarray(full).reshape(n if lead else 1, ids.size))
+            arrays.append(readonly(np.ascontiguousarray(full).reshape(n if lead else 1, ids.size)))
         outs = self.jit.run(kernel, arrays, n)
         return {name: out.reshape(batch + shape) for (name, shape, _), out in zip(self.program.outputs, outs)}
 

@@ -25,6 +25,14 @@ MAX_INSTRUCTIONS = 4_000  # past this, compile times grow to minutes (det n=7, 2
 PARALLEL = False
 
 
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view: kernels always get inputs typed the same way (numba compiles
+    read-only and writable arrays separately, and requests' arrays are often read-only)."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 def _jitted_functions() -> dict:
     return {name: (fn if fn in (abs, ) or getattr(fn, "__module__", "") == "math" else numba.njit(fn))
             for name, fn in FLOAT_FNS.items()}
@@ -68,6 +76,10 @@ class JitProgram:
 
     def _background(self, batched):
         kernel = self._compile(batched)
+        # numba compiles on the first call: make it here, on dummy rows of the real dtypes, so
+        # no request waits for LLVM.
+        dummy = [np.zeros((1, ids.size), dtype=dtype) for (_, _, ids), dtype in zip(self.p.inputs, self.p.input_dtypes)]
+        self.run(kernel, [readonly(d) for d in dummy], 1)
         self._kernels[batched] = kernel
 
     def run(self, kernel, arrays: list[np.ndarray], n: int) -> list[np.ndarray]:

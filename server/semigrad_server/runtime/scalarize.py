@@ -49,6 +49,7 @@ class ScalarProgram:
     inputs: list[tuple[str, tuple[int, ...], np.ndarray]] = field(default_factory=list)  # name, shape, var ids
     outputs: list[tuple[str, tuple[int, ...], np.ndarray]] = field(default_factory=list)
     output_dtypes: list[str] = field(default_factory=list)
+    input_dtypes: list[str] = field(default_factory=list)
     semiring_vars: set[int] = field(default_factory=set)  # vars holding semiring values
     n_vars: int = 0
 
@@ -193,6 +194,7 @@ def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], ou
             raise NotScalarizable(f"input dtype {spec.dtype}")
         ids[spec.name] = np.array([sc._new() for _ in range(spec.type.size)], dtype=np.int64).reshape(spec.shape)
         sc.p.inputs.append((spec.name, spec.shape, ids[spec.name]))
+        sc.p.input_dtypes.append(spec.dtype)
     for node in live:
         ids[node.id] = _node(sc, node, [ids[r] for r in node.inputs], [types[r] for r in node.inputs],
                              types[node.id], attrs[node.id])
