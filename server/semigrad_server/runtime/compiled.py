@@ -32,7 +32,7 @@ class ScalarExecutable:
         self.program = program
         self.semiring = semiring
         self.consts = const_table(program)
-        self.floats, self.source = compile_program(program, "floats")
+        self.floats, _ = compile_program(program, "floats")
         self.arrays, _ = compile_program(program, "arrays")
         self.float_fns = functions("floats", semiring)
         self.array_fns = functions("arrays", semiring)

@@ -55,7 +55,6 @@ class Plan:
         self.output_slots = [(name, slots[ref]) for name, ref in outputs]
         self.n_slots = len(slots)
         self.types = {ref: types[ref] for ref in slots}
-        self.nodes = live_order
         self.item_elements = sum(t.size for t in self.types.values()) or 1
 
         last_use: dict[int, int] = {}

@@ -61,10 +61,9 @@ class Scalarizer:
         self._memo: dict[tuple, int] = {}
         self._definition: dict[int, tuple] = {}
         self._const_ids: dict[tuple, int] = {}
-        self._is_const: dict[int, object] = self.p.consts
         if semiring is not None:
-            self.sr_zero = self._semiring_const(semiring.zeros(()), "zero")
-            self.sr_one = self._semiring_const(semiring.ones(()), "one")
+            self.sr_zero = self._semiring_const(semiring.zeros(()))
+            self.sr_one = self._semiring_const(semiring.ones(()))
 
     # ------------------------------------------------------------ variables
     def _new(self) -> int:
@@ -85,14 +84,11 @@ class Scalarizer:
             self.p.consts[var] = scalar
         return self._const_ids[key]
 
-    def _semiring_const(self, value, name: str) -> int:
+    def _semiring_const(self, value) -> int:
         var = self._new()
         self.p.consts[var] = value
         self.p.semiring_vars.add(var)
         return var
-
-    def _value(self, var: int):
-        return self.p.consts.get(var)
 
     def _is(self, var: int, number: float) -> bool:
         value = self.p.consts.get(var)
@@ -162,7 +158,7 @@ class Scalarizer:
             for known in (self.sr_zero, self.sr_one):
                 if np.all(self.semiring.equal(lifted, self.p.consts[known], rtol=0, atol=0)):
                     return known
-            return self._semiring_const(lifted, "lifted")
+            return self._semiring_const(lifted)
         return None
 
 
