@@ -122,3 +122,55 @@ def test_a_forced_backend_is_not_served_from_another_backends_plan(rng):
     kinds = {key[7]: type(value.plan) for key, value in cg.plans.items() if key[0] == "gradient"}
     assert kinds == {"auto": Plan, "scalar": ScalarExecutable}
     assert_same(scalar, auto, rtol=1e-13, atol=1e-13)
+
+
+def _chain_graph() -> sg.Graph:
+    """A long dependency chain (explicit Euler steps of a logistic ODE): the shape of program
+    the column layout exists for."""
+    g = sg.Graph()
+    p = g.input("p", (2,))
+    y = p[0] * 0 + 0.1
+    for _ in range(20):
+        y = y + 0.1 * p[1] * y * (1 - y / p[0])
+    g.output("y", y)
+    return g
+
+
+def _where_graph() -> sg.Graph:
+    g = sg.Graph()
+    x, w = g.input("x", (3,)), g.input("w", (3,))
+    g.output("y", sg.sum(sg.where(x > w, sg.tanh(x * w), sg.square(x - w))))
+    return g
+
+
+LAYOUT_CASES = {
+    "det3": (det_graph(3), lambda rng: {"A": rng.normal(size=(257, 3, 3))}),
+    "chain": (_chain_graph(), lambda rng: {"p": rng.uniform(1, 2, size=(300, 2))}),
+    "unbatched-input": (_where_graph(), lambda rng: {"x": rng.normal(size=(301, 3)), "w": rng.normal(size=3)}),
+}
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=list(LAYOUT_CASES))
+def test_both_jit_layouts_agree_with_the_tensor_engine(rng, case, layout):
+    """The layout the JIT picks is a timing decision; each must give the tensor plan's results."""
+    from semigrad_server.engine import Engine
+    from semigrad_server.runtime.jit import Kernel, readonly
+    from semigrad_server.service.convert import graph_from_proto
+
+    graph, sample = LAYOUT_CASES[case]
+    engine = Engine()
+    cg, _ = engine.register(graph_from_proto(graph.to_proto()))
+    inputs = sample(rng)
+    want = engine.gradient(cg.id, inputs, backend="tensor").gradients
+    engine.gradient(cg.id, inputs, backend="scalar")
+    program = next(v.plan for k, v in cg.plans.items() if k[0] == "gradient" and k[7] == "scalar").program
+    specs = {s.name: s for s in graph.to_proto().inputs}
+    n = max(inputs[name].shape[0] for name, _, _ in program.inputs if inputs[name].ndim > len(specs[name].shape))
+    batched = tuple(inputs[name].ndim > len(specs[name].shape) for name, _, _ in program.inputs)
+    arrays = [readonly(np.ascontiguousarray(inputs[name]).reshape(n if b else 1, ids.size))
+              for (name, _, ids), b in zip(program.inputs, batched)]
+    outs = Kernel(program, batched, layout).run(arrays, n)
+    got = {name.removeprefix("grad:"): out.reshape((n,) + shape) for (name, shape, _), out in zip(program.outputs, outs)}
+    assert_same(got, want, rtol=1e-13, atol=1e-13)

@@ -92,7 +92,7 @@ class ScalarExecutable:
             value = inputs[name]
             full = np.broadcast_to(value, batch + shape) if lead else value
             arrays.append(readonly(np.ascontiguousarray(full).reshape(n if lead else 1, ids.size)))
-        outs = self.jit.run(kernel, arrays, n)
+        outs = kernel.run(arrays, n)
         return {name: out.reshape(batch + shape) for (name, shape, _), out in zip(self.program.outputs, outs)}
 
     def _assemble(self, values, batch: tuple, single: bool = False) -> dict:
