@@ -48,6 +48,9 @@ class CompiledGraph:
     types: dict[str, Type]
     attrs: dict[str, dict]
     plans: OrderedDict = field(default_factory=OrderedDict)
+    # Real-semiring gradient requests already validated, by (options, input signature): a
+    # repeated request skips straight to its compiled plan.
+    checked: dict = field(default_factory=dict)
     registry: Registry = field(default_factory=lambda: REGISTRY)  # the built-in ops plus the graph's custom ops
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -88,6 +91,19 @@ class Batch:
 class CompiledGradient:
     plan: Plan
     backward: BackwardGraph
+
+
+@dataclass(frozen=True)
+class CheckedGradient:
+    """What validating a plain real gradient request established, for its input signature."""
+
+    compiled: CompiledGradient
+    shape: tuple[int, ...]  # the batch shape
+    wrt: tuple[tuple[str, Type], ...]
+    outputs: tuple[tuple[str, Type], ...]  # the forward values returned, if asked for
+
+
+MAX_CHECKED_PER_GRAPH = 64
 
 
 @dataclass
@@ -169,6 +185,14 @@ class Engine:
 
         `retain`: intermediate nodes whose gradients come back too. `hooks`: hook attachments;
         client hooks call `hook_run.client`."""
+        plain = semiring == "real" and not (seeds or semiring_params or return_components or best_paths
+                                             or retain or hooks)
+        if plain:
+            cg = self.get(graph_id)
+            memo = (tuple(wrt), tuple(outputs), return_outputs, backend, _signature(inputs))
+            checked = cg.checked.get(memo) if memo[-1] is not None else None
+            if checked is not None:
+                return self._plain_gradient(checked, inputs, deadline, backend)
         backend = _check_backend(backend)
         s = self.semirings.get(semiring, semiring_params)
         cg = self.get(graph_id)
@@ -198,6 +222,13 @@ class Engine:
                _compile_kind(backend), tuple(retain), tuple(_slot_key(slot) for slot in slots))
         compiled = self._plan(cg, key, lambda: self._gradient_plan(cg, s, names, wrt, seeded, return_outputs,
                                                                    bool(best_paths), backend, retain, slots))
+        if plain and memo[-1] is not None:
+            checked = CheckedGradient(compiled, batch.shape, tuple((x, cg.types[x]) for x in wrt),
+                                      tuple((n, cg.types[cg.graph.output_map[n]]) for n in names) if return_outputs else ())
+            if len(cg.checked) >= MAX_CHECKED_PER_GRAPH:
+                cg.checked.clear()
+            cg.checked[memo] = checked
+            return self._plain_gradient(checked, batch.arrays, deadline, backend)
         run = hook_run or HookRun()
         if slots:
             token = hooks_run.CURRENT.set(run)
@@ -234,6 +265,21 @@ class Engine:
             from .autodiff.best_path import trace_best_paths
 
             result.best_paths = trace_best_paths(cg, compiled.backward, s, results, batch, best_paths, self)
+        return result
+
+    def _plain_gradient(self, checked: CheckedGradient, inputs: Mapping[str, np.ndarray], deadline: float | None,
+                        backend: str) -> GradientResult:
+        # The same signature passed the work limit before: only the time bound is left to set.
+        bound = time.monotonic() + self.limits.max_request_seconds
+        results = checked.compiled.plan.run(inputs, min(deadline, bound) if deadline is not None else bound,
+                                            backend, checked.shape)
+        gradients = checked.compiled.backward.gradients
+        result = GradientResult()
+        for x, t in checked.wrt:
+            value = results[GRAD_PREFIX + x] if gradients[x] is not None else np.zeros(())
+            result.gradients[x] = _full(value, checked.shape, t)
+        for name, t in checked.outputs:
+            result.outputs[name] = _full(results[name], checked.shape, t)
         return result
 
     def _hook_slots(self, cg: CompiledGraph, hooks: Sequence[HookRequest], s, run: HookRun | None) -> list[HookSlot]:
@@ -309,7 +355,7 @@ class Engine:
                 f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item); "
                 f"the limit is {self.limits.max_request_elements}: send smaller batches")
         bound = time.monotonic() + self.limits.max_request_seconds
-        return plan.run(batch.arrays, min(deadline, bound) if deadline is not None else bound, backend)
+        return plan.run(batch.arrays, min(deadline, bound) if deadline is not None else bound, backend, batch.shape)
 
     @staticmethod
     def _output_names(cg: CompiledGraph, outputs: Sequence[str]) -> list[str]:
@@ -378,6 +424,14 @@ class Engine:
         return Batch({**batch.arrays, SEED_PREFIX + name: seed.astype(t.dtype, copy=False)}, shape)
 
 
+def _signature(inputs: Mapping[str, np.ndarray]) -> tuple | None:
+    """Names, shapes and dtypes of a request's inputs: equal signatures pass the same checks."""
+    try:
+        return tuple((name, a.shape, a.dtype) for name, a in inputs.items())
+    except AttributeError:  # not arrays: the full checks will say so
+        return None
+
+
 def _compile_kind(backend: str) -> str:
     """What a backend choice compiles to: scalar and jit share the scalar program."""
     return "scalar" if backend in ("scalar", "jit") else backend
@@ -411,6 +465,8 @@ def _cast(value: np.ndarray, t: Type) -> np.ndarray:
 
 def _full(value: np.ndarray, batch_shape: tuple, t: Type) -> np.ndarray:
     """A result with the request's full batch shape, in its declared dtype."""
+    if type(value) is np.ndarray and value.dtype == ir.DTYPES[t.dtype] and value.shape == batch_shape + t.shape:
+        return value  # already whole (the common case)
     value = _cast(value, t)
     target = tuple(batch_shape) + t.shape
     return value if value.shape == target else np.broadcast_to(value, target)

@@ -174,3 +174,52 @@ def test_both_jit_layouts_agree_with_the_tensor_engine(rng, case, layout):
     outs = Kernel(program, batched, layout).run(arrays, n)
     got = {name.removeprefix("grad:"): out.reshape((n,) + shape) for (name, shape, _), out in zip(program.outputs, outs)}
     assert_same(got, want, rtol=1e-13, atol=1e-13)
+
+
+def _engine_with(graph):
+    from semigrad_server.engine import Engine
+    from semigrad_server.service.convert import graph_from_proto
+
+    engine = Engine()
+    return engine, engine.register(graph_from_proto(graph.to_proto()))[0]
+
+
+def test_a_repeated_request_is_still_checked_when_its_inputs_change(rng):
+    """Validated requests are remembered by input signature: another shape or dtype is checked anew."""
+    from semigrad_server.errors import InvalidArgument
+
+    engine, cg = _engine_with(det_graph(3))
+    a = rng.normal(size=(3, 3))
+    for _ in range(3):
+        np.testing.assert_allclose(engine.gradient(cg.id, {"A": a}).gradients["A"], det_gradient(a), rtol=1e-12)
+    with pytest.raises(InvalidArgument, match="input 'A' has shape \\[3, 4\\]"):
+        engine.gradient(cg.id, {"A": rng.normal(size=(3, 4))})
+    with pytest.raises(InvalidArgument, match="input 'A' has dtype float32"):
+        engine.gradient(cg.id, {"A": a.astype(np.float32)})
+    with pytest.raises(InvalidArgument, match="unknown input 'B'"):
+        engine.gradient(cg.id, {"A": a, "B": a})
+    batch = rng.normal(size=(5, 3, 3))
+    np.testing.assert_allclose(engine.gradient(cg.id, {"A": batch}).gradients["A"], det_gradient(batch), rtol=1e-12)
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
+def test_a_hot_single_point_graph_runs_compiled_with_the_same_results(rng):
+    import threading
+
+    from semigrad_server.runtime.compiled import HOT_SINGLE_CALLS
+
+    engine, cg = _engine_with(det_graph(4))
+    a = rng.normal(size=(4, 4))
+    for _ in range(HOT_SINGLE_CALLS + 1):
+        engine.gradient(cg.id, {"A": a})
+    for thread in threading.enumerate():
+        if thread.name == "semigrad-jit":
+            thread.join()
+    engine.gradient(cg.id, {"A": a})
+    executable = next(v.plan for k, v in cg.plans.items() if k[0] == "gradient")
+    assert executable._single_kernel is not None
+    for a in [rng.normal(size=(4, 4)), rng.normal(size=(4, 4)).T]:  # C-ordered and a transposed view
+        got = engine.gradient(cg.id, {"A": a}).gradients["A"]
+        np.testing.assert_allclose(got, det_gradient(a), rtol=1e-11, atol=1e-12)
+        assert_same({"A": got}, engine.gradient(cg.id, {"A": a}, backend="tensor").gradients, rtol=1e-13, atol=1e-13)
+        assert a.flags.writeable  # the caller's array is left as it was

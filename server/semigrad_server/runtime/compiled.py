@@ -21,6 +21,7 @@ from .scalarize import NotScalarizable, ScalarProgram, scalarize
 # auto: scalar program when the graph has one (JIT for batches once compiled), else tensor.
 BACKENDS = ("auto", "tensor", "scalar", "jit")
 JIT_MIN_BATCH = 256
+HOT_SINGLE_CALLS = 64
 
 
 class ScalarExecutable:
@@ -38,15 +39,24 @@ class ScalarExecutable:
         self.array_fns = functions("arrays", semiring)
         self.jit = JitProgram(program) if JitProgram.applicable(program, semiring) else None
         self.item_elements = max(1, program.n_vars)  # scalars per item: the work and memory bound
+        self.single_calls = 0  # counted without a lock: a lost increment only delays the JIT
+        self._single_kernel = None  # the JIT kernel for a single point, once compiled
 
-    def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None, backend: str = "auto") -> dict:
+    def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None, backend: str = "auto",
+            shape: tuple[int, ...] | None = None) -> dict:
+        """`shape`: the batch shape when the caller knows it (() for a single point)."""
         if deadline is not None and time.monotonic() > deadline:
             raise DeadlineExceeded("deadline exceeded before the program ran")
         p = self.program
-        leads = [inputs[name].shape[: inputs[name].ndim - len(shape)] for name, shape, _ in p.inputs]
-        distinct = {lead for lead in leads if lead}
-        batch = (distinct.pop() if len(distinct) == 1 else tuple(np.broadcast_shapes(*distinct))) if distinct else ()
-        if backend == "jit" or (backend == "auto" and self.jit is not None and math.prod(batch) >= JIT_MIN_BATCH):
+        if shape == ():
+            if self._single_kernel is not None and backend in ("auto", "jit"):
+                return self._run_single_kernel(inputs)
+            leads, batch = [()] * len(p.inputs), ()
+        else:
+            leads = [inputs[name].shape[: inputs[name].ndim - len(shape)] for name, shape, _ in p.inputs]
+            distinct = {lead for lead in leads if lead}
+            batch = (distinct.pop() if len(distinct) == 1 else tuple(np.broadcast_shapes(*distinct))) if distinct else ()
+        if backend == "jit" or (backend == "auto" and self.jit is not None and self._jit_pays(batch)):
             result = self._run_jit(inputs, leads, batch, force=backend == "jit")
             if result is not None:
                 return result
@@ -76,6 +86,14 @@ class ScalarExecutable:
             values = self.arrays(rows, self.consts, self.array_fns)
         return self._assemble(values, batch)
 
+    def _jit_pays(self, batch: tuple) -> bool:
+        """Batches from JIT_MIN_BATCH items; single points once the graph is hot (a compile
+        costs 0.1-3 s of a core, so not for a graph evaluated a few times)."""
+        if batch:
+            return math.prod(batch) >= JIT_MIN_BATCH
+        self.single_calls += 1
+        return self.single_calls >= HOT_SINGLE_CALLS
+
     def _run_jit(self, inputs, leads, batch: tuple, force: bool):
         if self.jit is None:
             if force:
@@ -86,14 +104,31 @@ class ScalarExecutable:
         kernel = self.jit.kernel(pattern) if force else self.jit.ready_kernel(pattern)
         if kernel is None:
             return None  # compiling in the background; NumPy rows serve meanwhile
-        n = max(1, int(np.prod(batch)))
+        if not batch:
+            self._single_kernel = kernel
+            return self._run_single_kernel(inputs)
+        n = math.prod(batch) or 1
         arrays = []
         for (name, shape, ids), lead in zip(self.program.inputs, leads):
             value = inputs[name]
-            full = np.broadcast_to(value, batch + shape) if lead else value
-            arrays.append(readonly(np.ascontiguousarray(full).reshape(n if lead else 1, ids.size)))
+            if lead and lead != batch:
+                value = np.broadcast_to(value, batch + shape)
+            if not value.flags.c_contiguous:
+                value = np.ascontiguousarray(value)
+            rows = value.reshape(n if lead else 1, ids.size)  # a new view: read-only for the kernel's
+            rows.flags.writeable = False  # one compiled signature, leaving the caller's array alone
+            arrays.append(rows)
         outs = kernel.run(arrays, n)
         return {name: out.reshape(batch + shape) for (name, shape, _), out in zip(self.program.outputs, outs)}
+
+    def _run_single_kernel(self, inputs) -> dict:
+        arrays = []
+        for name, _, ids in self.program.inputs:
+            row = inputs[name].reshape(1, ids.size)  # a new C-contiguous view (or copy): read-only for
+            row.flags.writeable = False  # the kernel's one compiled signature, the caller's array untouched
+            arrays.append(row)
+        outs = self._single_kernel.run(arrays, 1)
+        return {name: out.reshape(shape) for (name, shape, _), out in zip(self.program.outputs, outs)}
 
     def _assemble(self, values, batch: tuple, single: bool = False) -> dict:
         out = {}

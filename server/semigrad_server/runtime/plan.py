@@ -93,7 +93,7 @@ class Plan:
                                if slot in {a for step in steps for a in step.args} | keep)
 
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
-            backend: str = "tensor") -> dict[str, np.ndarray]:
+            backend: str = "tensor", shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
         env: list = [None] * self.n_slots
         for slot, value in self.constants:
             env[slot] = value
