@@ -138,6 +138,37 @@ class Scalarizer:
             inner = self._definition.get(args[0])
             if inner is not None and inner[0] == "neg":
                 return inner[1][0]
+        return self._fold_negation(op, args)
+
+    def _negated(self, var: int):
+        """x when `var` is -x, else None."""
+        definition = self._definition.get(var)
+        return definition[1][0] if definition is not None and definition[0] == "neg" else None
+
+    def _fold_negation(self, op: str, args: tuple[int, ...]):
+        """Moves negations outwards until an add or sub absorbs them: reverse mode multiplies
+        adjoints by -1 (the partials of sub and neg). Each rewrite is exact in IEEE arithmetic:
+        x + (-y) is x - y, and (-x)·y is -(x·y) because rounding is symmetric."""
+        if op in ("add", "sub", "mul", "div"):
+            a, b = args
+            na, nb = self._negated(a), self._negated(b)
+            if op == "add" and nb is not None:
+                return self.emit("sub", (a, nb))
+            if op == "add" and na is not None:
+                return self.emit("sub", (b, na))
+            if op == "sub" and nb is not None:
+                return self.emit("sub", (a, nb))
+            if op in ("mul", "div"):
+                if na is not None and nb is not None:
+                    return self.emit(op, (na, nb))
+                if self._is(a, -1.0) and op == "mul":
+                    return self.emit("neg", (b,))
+                if self._is(b, -1.0):
+                    return self.emit("neg", (a,))
+                if na is not None:
+                    return self.emit("neg", (self.emit(op, (na, b)),))
+                if nb is not None:
+                    return self.emit("neg", (self.emit(op, (a, nb)),))
         return None
 
     def _fold_semiring(self, op: str, args):
