@@ -157,7 +157,7 @@ class Scalarizer:
             if op == "add" and na is not None:
                 return self.emit("sub", (b, na))
             if op == "sub" and nb is not None:
-                return self.emit("sub", (a, nb))
+                return self.emit("add", (a, nb))
             if op in ("mul", "div"):
                 if na is not None and nb is not None:
                     return self.emit(op, (na, nb))
