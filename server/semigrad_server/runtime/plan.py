@@ -43,6 +43,9 @@ class Plan:
                 live_order.append(node)
                 needed.update(node.inputs)
         live_order.reverse()
+        node_attrs = {node.id: attrs[node.id] if attrs is not None else
+                      registry.get(node).check_node(node, [types[r] for r in node.inputs]) for node in live_order}
+        live_order, same_as = _common_subexpressions(live_order, node_attrs, registry)
 
         slots: dict[str, int] = {}
         self.input_slots = []
@@ -52,6 +55,8 @@ class Plan:
                 self.input_slots.append((spec.name, slots[spec.name]))
         for node in live_order:
             slots[node.id] = len(slots)
+        for duplicate, original in same_as.items():
+            slots[duplicate] = slots[original]
         self.output_slots = [(name, slots[ref]) for name, ref in outputs]
         self.n_slots = len(slots)
         self.types = {ref: types[ref] for ref in slots}
@@ -70,8 +75,7 @@ class Plan:
         steps, folded = [], {}
         for i, node in enumerate(live_order):
             op = registry.get(node)
-            node_attrs = attrs[node.id] if attrs is not None else op.check_node(node, [types[r] for r in node.inputs])
-            kernel = op.kernel(node_attrs, [types[r] for r in node.inputs], types[node.id])
+            kernel = op.kernel(node_attrs[node.id], [types[r] for r in node.inputs], types[node.id])
             if node.id in map_components:
                 kernel = _per_component(kernel)
             if op.kind not in ("hook", "semiring") and all(slots[r] in folded for r in node.inputs) \
@@ -112,6 +116,47 @@ class Plan:
                 for slot in step.free:
                     env[slot] = None
         return {name: env[slot] for name, slot in self.output_slots}
+
+
+CSE_KINDS = frozenset({"elementwise", "comparison", "structural", "reduction", "linalg", "source"})
+
+
+def _common_subexpressions(order: Sequence[Node], attrs: Mapping[str, dict], registry: Registry):
+    """Nodes computing what an earlier node computes (same op, attributes and operands) are
+    dropped; returns the remaining order and {dropped id: the id whose value it reuses}. Values
+    are bit-identical; hooks never merge (they have effects)."""
+    seen: dict[tuple, str] = {}
+    same_as: dict[str, str] = {}
+    kept = []
+    for node in order:
+        inputs = tuple(same_as.get(r, r) for r in node.inputs)
+        op = registry.get(node)
+        key = None
+        if op.kind in CSE_KINDS:
+            try:
+                key = (node.op, inputs, _hashable(attrs[node.id]))
+                hash(key)
+            except TypeError:
+                key = None
+        if key is not None and key in seen:
+            same_as[node.id] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = node.id
+        kept.append(node)
+    return kept, same_as
+
+
+def _hashable(value):
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, float) and value != value:
+        return ("nan",)  # NaN != NaN would defeat the lookup, not the equality of results
+    return value
 
 
 def _per_component(kernel: Callable) -> Callable:
