@@ -1,12 +1,17 @@
-"""The tensor plan's passes: common subexpressions computed once, with bit-identical results."""
+"""The tensor plan's passes: common subexpressions computed once (bit-identical results), and
+elementwise groups fused into one step (compiled once hot)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+import pytest
 import semigrad as sg
 from semigrad_server.engine import Engine
-from semigrad_server.runtime import Plan
+from semigrad_server.runtime import Plan, fusion
 from semigrad_server.service.convert import graph_from_proto
+from test_op_gradients import CASES
 
 
 def _duplicated_graph() -> sg.Graph:
@@ -54,3 +59,63 @@ def test_a_retained_or_hooked_duplicate_still_answers_for_itself(rng):
     np.testing.assert_allclose(result.retained[a.id], np.full(3, 2.0))
     np.testing.assert_allclose(result.retained[b.id], np.full(3, 3.0))
     np.testing.assert_allclose(result.gradients["x"], 5 * np.cos(xs), rtol=1e-14)
+
+
+# every case made of ops that fuse, plus two whose transcendental op stays a NumPy step of its own
+ELEMENTWISE_CASES = [c for c in CASES if c[0].split("-")[0] in fusion.FUSIBLE_OPS
+                     or c[0] in ("comparison-zero-gradient", "tanh", "exp")]
+
+
+def _join_compiles():
+    for thread in threading.enumerate():
+        if thread.name == "semigrad-jit":
+            thread.join()
+
+
+@pytest.mark.skipif(not fusion.AVAILABLE, reason="numba is not installed (pip install 'semigrad[jit]')")
+@pytest.mark.parametrize("case", ELEMENTWISE_CASES, ids=[c[0] for c in ELEMENTWISE_CASES])
+def test_fused_elementwise_groups_compute_what_their_nodes_compute(monkeypatch, rng, case):
+    """Value and gradient of fn(x...)·1.5 + 0.25, batched: node by node (NumPy) and as one
+    compiled ufunc per group, the same IEEE operations, agree to the last bit."""
+    name, fn, _, shapes, samplers = case
+    g = sg.Graph()
+    handles = [g.input(f"x{i}", shape) for i, shape in enumerate(shapes)]
+    g.output("out", fn(*handles) * 1.5 + 0.25)
+    engine = Engine()
+    cg, _ = engine.register(graph_from_proto(g.to_proto()))
+    inputs = {f"x{i}": sampler(rng, (6,) + shape if i == 0 else shape)
+              for i, (shape, sampler) in enumerate(zip(shapes, samplers))}
+    monkeypatch.setattr(fusion, "HOT_ELEMENTS", 0)
+    numpy_value = engine.evaluate(cg.id, inputs, backend="tensor")[0]["out"]
+    numpy_grads = engine.gradient(cg.id, inputs, backend="tensor").gradients
+    _join_compiles()
+    fused = [s.kernel for p in _plans(engine, cg).values() for s in p.steps if isinstance(s.kernel, fusion.FusedKernel)]
+    assert fused and all(k.ufunc is not None for k in fused)
+    np.testing.assert_array_equal(engine.evaluate(cg.id, inputs, backend="tensor")[0]["out"], numpy_value)
+    got = engine.gradient(cg.id, inputs, backend="tensor").gradients
+    for x in numpy_grads:
+        np.testing.assert_array_equal(got[x], numpy_grads[x], err_msg=x)
+
+
+def test_fusion_keeps_outputs_and_shared_values_out_of_groups():
+    """An inner value with two uses, or one asked for as an output, is computed on its own."""
+    g = sg.Graph()
+    x = g.input("x", (4,))
+    shared = x * 3.0  # two uses
+    g.output("a", sg.abs(shared - 1.0) + shared)
+    inner = x - 2.0
+    g.output("b", inner)
+    g.output("c", sg.relu(inner) * 2.0)
+    graph = graph_from_proto(g.to_proto())
+    order = list(graph.nodes)
+    from semigrad_server.ops import REGISTRY
+    from semigrad_server.engine import compile_graph
+    from semigrad_server.limits import Limits
+
+    cg = compile_graph(graph, Limits())
+    kinds = {n.id: REGISTRY.get(n).kind for n in order}
+    groups = fusion.fusion_groups(cg.order, kinds, cg.types, kept={graph.output_map[o] for o in "abc"})
+    members = {n.id for group in groups.values() for n in group.members if n.id != group.root}
+    assert shared.id not in members and inner.id not in members
+    a = groups[graph.output_map["a"]]  # |shared - 1| + shared: one group reading shared
+    assert shared.id in a.leaves and len(a.members) == 3

@@ -5,6 +5,7 @@ batch dimensions; every kernel broadcasts over them (vectorised, never a loop ov
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -14,6 +15,7 @@ import numpy as np
 from ..errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
+from .fusion import FusedKernel, fusion_groups
 
 CHECK_EVERY = 64  # steps between deadline checks
 MAX_FOLDED_ELEMENTS = 1 << 20  # constant-folded values larger than this are computed per request
@@ -62,24 +64,31 @@ class Plan:
         self.types = {ref: types[ref] for ref in slots}
         self.item_elements = sum(t.size for t in self.types.values()) or 1
 
-        last_use: dict[int, int] = {}
-        for i, node in enumerate(live_order):
-            for ref in node.inputs:
-                last_use[slots[ref]] = i
-        keep = {slot for _, slot in self.output_slots}
-        frees: dict[int, list[int]] = {}
-        for slot, step in last_use.items():
-            if slot not in keep:
-                frees.setdefault(step, []).append(slot)
+        kinds = {node.id: registry.get(node).kind for node in live_order}
+        constant = set()  # nodes that depend on constants only (candidates for folding)
+        for node in live_order:
+            if kinds[node.id] not in ("hook", "semiring") and all(r in constant for r in node.inputs) \
+                    and types[node.id].size <= MAX_FOLDED_ELEMENTS:
+                constant.add(node.id)
+        groups = fusion_groups(live_order, kinds, types, kept={ref for _, ref in outputs},
+                               excluded=constant | set(map_components))
+        absorbed = {n.id for g in groups.values() for n in g.members if n.id != g.root}
+
+        def kernel_of(node: Node) -> Callable:
+            kernel = registry.get(node).kernel(node_attrs[node.id], [types[r] for r in node.inputs], types[node.id])
+            return _per_component(kernel) if node.id in map_components else kernel
 
         steps, folded = [], {}
-        for i, node in enumerate(live_order):
-            op = registry.get(node)
-            kernel = op.kernel(node_attrs[node.id], [types[r] for r in node.inputs], types[node.id])
-            if node.id in map_components:
-                kernel = _per_component(kernel)
-            if op.kind not in ("hook", "semiring") and all(slots[r] in folded for r in node.inputs) \
-                    and types[node.id].size <= MAX_FOLDED_ELEMENTS:
+        for node in live_order:
+            if node.id in absorbed:
+                continue
+            group = groups.get(node.id)
+            if group is not None:
+                kernel = FusedKernel(group, [kernel_of(n) for n in group.members], types)
+                steps.append(Step(node.id, kernel, tuple(slots[r] for r in group.leaves), slots[node.id], ()))
+                continue
+            kernel = kernel_of(node)
+            if node.id in constant and all(slots[r] in folded for r in node.inputs):
                 # Depends on constants only: computed once here (constant folding), not per request.
                 try:
                     with np.errstate(all="ignore"):
@@ -90,9 +99,19 @@ class Plan:
                     value.flags.writeable = False  # shared by every request
                     folded[slots[node.id]] = value
                     continue
-            steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id],
-                              tuple(s for s in frees.get(i, ()) if s not in folded)))
-        self.steps = tuple(steps)
+            steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id], ()))
+
+        last_use: dict[int, int] = {}
+        for i, step in enumerate(steps):
+            for slot in step.args:
+                last_use[slot] = i
+        keep = {slot for _, slot in self.output_slots} | set(folded)
+        frees: dict[int, list[int]] = {}
+        for slot, i in last_use.items():
+            if slot not in keep:
+                frees.setdefault(i, []).append(slot)
+        self.steps = tuple(Step(s.node_id, s.kernel, s.args, s.out, tuple(frees.get(i, ())))
+                           for i, s in enumerate(steps))
         self.constants = tuple((slot, value) for slot, value in folded.items()
                                if slot in {a for step in steps for a in step.args} | keep)
 
@@ -123,7 +142,8 @@ CSE_KINDS = frozenset({"elementwise", "comparison", "structural", "reduction", "
 
 def _common_subexpressions(order: Sequence[Node], attrs: Mapping[str, dict], registry: Registry):
     """Nodes computing what an earlier node computes (same op, attributes and operands) are
-    dropped; returns the remaining order and {dropped id: the id whose value it reuses}. Values
+    dropped; returns the remaining order (operands renamed to the ids kept) and {dropped id:
+    the id whose value it reuses}. Values
     are bit-identical; hooks never merge (they have effects)."""
     seen: dict[tuple, str] = {}
     same_as: dict[str, str] = {}
@@ -143,7 +163,7 @@ def _common_subexpressions(order: Sequence[Node], attrs: Mapping[str, dict], reg
             continue
         if key is not None:
             seen[key] = node.id
-        kept.append(node)
+        kept.append(node if inputs == node.inputs else dataclasses.replace(node, inputs=inputs))
     return kept, same_as
 
 
