@@ -185,7 +185,7 @@ class Engine:
 
         `retain`: intermediate nodes whose gradients come back too. `hooks`: hook attachments;
         client hooks call `hook_run.client`."""
-        plain = semiring == "real" and not (seeds or semiring_params or return_components or best_paths
+        plain = semiring in ("real", "") and not (seeds or semiring_params or return_components or best_paths
                                              or retain or hooks)
         if plain:
             cg = self.get(graph_id)
