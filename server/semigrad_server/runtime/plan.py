@@ -6,6 +6,7 @@ batch dimensions; every kernel broadcasts over them (vectorised, never a loop ov
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -28,6 +29,8 @@ class Step:
     args: tuple[int, ...]
     out: int
     free: tuple[int, ...]  # slots whose last use is this step
+    reuse: tuple[int, ...] = ()  # positions of operands whose buffer may hold the result (ufunc out=)
+    dtype: np.dtype | None = None  # the result's dtype, for `reuse`
 
 
 class Plan:
@@ -110,7 +113,8 @@ class Plan:
         for slot, i in last_use.items():
             if slot not in keep:
                 frees.setdefault(i, []).append(slot)
-        self.steps = tuple(Step(s.node_id, s.kernel, s.args, s.out, tuple(frees.get(i, ())))
+        self.steps = tuple(Step(s.node_id, s.kernel, s.args, s.out, tuple(frees.get(i, ())),
+                                _reusable_operands(s, frees.get(i, ())), np.dtype(types[s.node_id].dtype))
                            for i, s in enumerate(steps))
         self.constants = tuple((slot, value) for slot, value in folded.items()
                                if slot in {a for step in steps for a in step.args} | keep)
@@ -127,7 +131,13 @@ class Plan:
                 if deadline is not None and i % CHECK_EVERY == 0 and time.monotonic() > deadline:
                     raise DeadlineExceeded(f"deadline exceeded at node '{step.node_id}' ({i}/{len(self.steps)} steps)")
                 try:
-                    env[step.out] = step.kernel(*(env[a] for a in step.args))
+                    if step.reuse:
+                        args = [env[a] for a in step.args]
+                        out = _dead_buffer(args, step)
+                        del args  # references of its own would defeat the check of the next step
+                        env[step.out] = step.kernel(*(env[a] for a in step.args), **out)
+                    else:
+                        env[step.out] = step.kernel(*(env[a] for a in step.args))
                 except MemoryError:
                     raise ResourceExhausted(f"node '{step.node_id}': out of memory") from None
                 except (ValueError, TypeError, IndexError, ZeroDivisionError) as e:
@@ -135,6 +145,30 @@ class Plan:
                 for slot in step.free:
                     env[slot] = None
         return {name: env[slot] for name, slot in self.output_slots}
+
+
+REUSE_MIN_ELEMENTS = 1 << 15  # below this, allocating is cheaper than checking
+
+
+def _reusable_operands(step: Step, freed: Sequence[int]) -> tuple[int, ...]:
+    """Operands of a plain NumPy ufunc step that die at this step (candidates for out=)."""
+    if not isinstance(step.kernel, np.ufunc) or step.kernel.nout != 1:
+        return ()
+    return tuple(k for k, slot in enumerate(step.args) if slot in freed and step.args.count(slot) == 1)
+
+
+def _dead_buffer(args: list, step: Step) -> dict:
+    """{"out": an operand's buffer} when nothing else can see that buffer any more: it owns its
+    memory, has the result's shape and dtype, and its only references are the plan's slot, the
+    `args` list, this frame and getrefcount's argument (a view of it, or a caller holding it,
+    would add one). Else {}: the ufunc allocates."""
+    for k in step.reuse:
+        a = args[k]
+        if (type(a) is np.ndarray and a.size >= REUSE_MIN_ELEMENTS and a.flags.owndata and a.flags.writeable
+                and a.flags.c_contiguous and a.dtype == step.dtype and sys.getrefcount(a) <= 4
+                and a.shape == np.broadcast_shapes(*(np.shape(x) for x in args))):
+            return {"out": a}
+    return {}
 
 
 CSE_KINDS = frozenset({"elementwise", "comparison", "structural", "reduction", "linalg", "source"})
