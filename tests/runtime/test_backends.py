@@ -144,14 +144,15 @@ def _where_graph() -> sg.Graph:
 
 
 LAYOUT_CASES = {
-    "det3": (det_graph(3), lambda rng: {"A": rng.normal(size=(257, 3, 3))}),
+    "det3": (det_graph(3), lambda rng: {"A": rng.normal(size=(257, 3, 3))}),  # 4 tiles of 64 and 1 item
+    "det3-part-tile": (det_graph(3), lambda rng: {"A": rng.normal(size=(5, 3, 3))}),
     "chain": (_chain_graph(), lambda rng: {"p": rng.uniform(1, 2, size=(300, 2))}),
     "unbatched-input": (_where_graph(), lambda rng: {"x": rng.normal(size=(301, 3)), "w": rng.normal(size=3)}),
 }
 
 
 @pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
-@pytest.mark.parametrize("layout", ["rows", "columns"])
+@pytest.mark.parametrize("layout", ["rows", "tiles", "columns"])
 @pytest.mark.parametrize("case", LAYOUT_CASES, ids=list(LAYOUT_CASES))
 def test_both_jit_layouts_agree_with_the_tensor_engine(rng, case, layout):
     """The layout the JIT picks is a timing decision; each must give the tensor plan's results."""
