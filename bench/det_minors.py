@@ -133,7 +133,8 @@ def report(results: list[dict], args) -> str:
         f"- batch: {args.batch} matrices per batched call; entries N(0, 1), seed {args.seed}",
         f"- latency: median of single calls after warm-up, ≥{args.budget} s of timed calls per cell; "
         f"batched semigrad: median of {args.runs} run(s); NumPy: median of ≥{max(3, args.runs)} runs",
-        "- gRPC: client and server (build_server on 127.0.0.1:0, 8 worker threads) in this one process",
+        "- gRPC: client and server (build_server on 127.0.0.1:0, 8 worker threads) in this one process; the "
+        "client's defaults (shared_memory='auto': batches through /dev/shm, single matrices inline)",
         f"- gradients checked against det(A)·inv(A)^T before timing (per matrix, relative Frobenius "
         f"error ≤ {RTOL:g})" + ("" if not args.quick else "; --quick: figures are noisy"),
         "",

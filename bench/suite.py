@@ -2,9 +2,10 @@
 
 For every workload of bench/workloads.py (det-by-minors n = 4..7, poly, mlp, ode) and every
 implementation (semigrad's Engine in-process; semigrad over gRPC to a real server started here
-on 127.0.0.1:0, unary and streaming; the peers of bench/peers.py that are installed: PyTorch
-eager, torch.func, JAX, CasADi SX, CasADi generated C, SymPy, SymEngine; and the NumPy
-reference), all in this one process, it:
+on 127.0.0.1:0: unary and streaming with the tensors inline as protobuf bytes, and unary with
+the client's default shared_memory="auto", tensors through /dev/shm; the peers of
+bench/peers.py that are installed: PyTorch eager, torch.func, JAX, CasADi SX, CasADi generated
+C, SymPy, SymEngine; and the NumPy reference), all in this one process, it:
 
   1. sets the implementation up (graph registration, symbolic differentiation, JIT compile,
      code generation + gcc: timed and reported, never part of a throughput figure);
@@ -128,6 +129,11 @@ def semigrad_in_process(engine: Engine, backend: str) -> Callable:
 
 def semigrad_grpc(client: semigrad.Client, backend: str, stream: bool) -> Callable:
     kw = {} if backend == "auto" else {"backend": backend}
+    if client.shared_memory is False:
+        wire = "tensors inline as protobuf bytes"
+    else:
+        wire = (f"shared_memory={client.shared_memory!r}: tensors through /dev/shm for calls moving ≥ "
+                f"{client.shared_memory_threshold // 1024} KiB (the batches), inline below")
 
     def setup(w: Workload, single: dict, batch: dict) -> Prepared:
         wrt = list(w.wrt)
@@ -136,13 +142,13 @@ def semigrad_grpc(client: semigrad.Client, backend: str, stream: bool) -> Callab
         if not stream:
             return Prepared(lambda: fs.gradient(single, wrt=wrt, **kw), lambda: fb.gradient(batch, wrt=wrt, **kw),
                             lambda: fb.evaluate(batch, **kw)[w.output], dict, dict, np.asarray,
-                            ["one unary Gradient call per batch"])
+                            [f"one unary Gradient call per batch; {wire}"])
         default = inspect.signature(fb.gradient_many).parameters.get("chunk_size")
         chunk = default.default if default is not None else "?"
         return Prepared(None, lambda: fb.gradient_many(batch, wrt=wrt, progress=False, **kw), None,
                         dict, dict, np.asarray,
                         [f"gradient_many: one GradientStream call, chunk_size {chunk} (the client's default); "
-                         "single point and forward: see the unary row"])
+                         f"{wire}; single point and forward: see the unary row"])
 
     return setup
 
@@ -180,6 +186,7 @@ def compare(what: str, got: dict, want: dict, batched: bool) -> float:
     return worst
 
 
+HOT_CALLS = 100  # untimed single-point calls before timing: past every engine's "hot" threshold
 BACKGROUND_COMPILE_THREADS = ("semigrad-jit",)  # thread names of semigrad's background JIT compiles
 
 
@@ -367,6 +374,9 @@ def measure(impl: Impl, w: Workload, single: dict, batch: dict, refs: dict, args
         stage = "timing"
         if prep.single is not None:
             _, res = warm_up(prep.single, 3)
+            for _ in range(HOT_CALLS):  # engines that compile a graph once it is hot (semigrad: 64 calls)
+                prep.single()
+            settle()
             compare(f"{impl.label}, {w.name}, single-point gradient (warm)", prep.single_grads(res),
                     refs["single"], False)
             row.latency, row.latency_reps = median_latency(prep.single, budget=args.budget,
@@ -517,7 +527,8 @@ def workload_table(w: Workload, rows: list[Row], echo: dict) -> str:
 
 def summary(results: list[tuple[Workload, list[Row], dict]]) -> str:
     headers = ["workload", "semigrad in-process grads/s", "best peer (grads/s)", "in-proc ÷ best peer",
-               "in-proc ÷ JAX vmap", "in-proc ÷ PyTorch eager", "gRPC unary ÷ in-proc", "gRPC stream ÷ in-proc",
+               "in-proc ÷ JAX vmap", "in-proc ÷ PyTorch eager", "gRPC unary ÷ in-proc (best row)",
+               "gRPC stream ÷ in-proc",
                "single ÷ PyTorch eager", "single ÷ JAX jit(grad)", "gRPC single ÷ bare echo", "grad ÷ fwd (semigrad)"]
     out = []
     for w, rows, echo in results:
@@ -530,6 +541,11 @@ def summary(results: list[tuple[Workload, list[Row], dict]]) -> str:
             x, y = (getattr(a, attr) if a else None), (getattr(b, attr) if b else None)
             return x / y if x and y else None
 
+        unary = [r for r in (by.get("grpc"), by.get("grpc_shm")) if r is not None and r.throughput]
+        best_unary = max(unary, key=lambda r: r.throughput, default=None)
+        unary_cell = _check(ratio(best_unary, local, "throughput"), TARGETS["grpc_vs_local"], True)
+        if best_unary is not None and len(unary) > 1:
+            unary_cell += " (shared memory)" if best_unary.impl.key == "grpc_shm" else " (inline bytes)"
         vs_best_target = TARGETS["vs_best"]
         mlp = w.name == "mlp"
         det = w.name.startswith("det")
@@ -543,7 +559,7 @@ def summary(results: list[tuple[Workload, list[Row], dict]]) -> str:
             _num(ratio(local, by.get("jax"), "throughput")),
             _check(ratio(local, by.get("torch"), "throughput"), TARGETS["mlp_vs_torch"], True) if mlp else
             _num(ratio(local, by.get("torch"), "throughput")),
-            _check(ratio(by.get("grpc"), local, "throughput"), TARGETS["grpc_vs_local"], True),
+            unary_cell,
             _check(ratio(by.get("grpc_stream"), local, "throughput"), TARGETS["grpc_vs_local"], True),
             _check(ratio(local, by.get("torch"), "latency"), TARGETS["single_vs_torch_det"], False) if det else
             _num(ratio(local, by.get("torch"), "latency")),
@@ -595,7 +611,9 @@ def report(results, impls: list[Impl], args, argv, started: float, load_before: 
         "÷ in-process ≥ 0.5; single-point latency ≤ 0.1× PyTorch eager (det) and ≤ 2× JAX jit(grad); gRPC "
         "single ≤ 1.5× a bare grpcio round trip of the same sizes; gradient ≤ 3× forward. Ratios of throughputs: "
         "higher is better; ratios of latencies: lower is better. *Best peer* excludes semigrad and the NumPy "
-        "reference.",
+        "reference. *gRPC unary ÷ in-proc* takes the faster of the two unary rows (tensors inline as protobuf "
+        "bytes, or through shared memory) and says which; both rows are in the tables below; *gRPC single ÷ "
+        "bare echo* uses the inline row.",
         "",
     ]
     for w, rows, echo in results:
@@ -635,7 +653,7 @@ def parse_args(argv):
                         "poly, mlp, ode")
     p.add_argument("--impl", action="append", default=[], metavar="KEY",
                    help="run only these implementations (repeatable or comma-separated): semigrad, grpc, "
-                        "grpc_stream, reference, " + ", ".join(peer.key for peer in PEERS))
+                        "grpc_stream, grpc_shm, reference, " + ", ".join(peer.key for peer in PEERS))
     p.add_argument("--batch", type=int, default=None, help="items per batched call (default 10000; --quick: 1000)")
     p.add_argument("--runs", type=int, default=None, help="timed batched runs per cell (default 3; --quick: 1)")
     p.add_argument("--backend", default="auto", help="semigrad execution backend to force (default: auto)")
@@ -694,11 +712,16 @@ def main(argv=None) -> int:
     engine = Engine()
     server, port, _ = build_server("127.0.0.1:0")
     server.start()
-    client = semigrad.Client(f"127.0.0.1:{port}")
+    # One client with the tensors inline (protobuf bytes), one with the default shared_memory="auto".
+    client = semigrad.Client(f"127.0.0.1:{port}", shared_memory=False)
+    shared_client = semigrad.Client(f"127.0.0.1:{port}")
     echo = Echo()
     impls = [
         Impl("semigrad", "**semigrad in-process**", "semigrad", "tracemalloc", semigrad_in_process(engine, args.backend)),
         Impl("grpc", "**semigrad gRPC (unary)**", "semigrad", "tracemalloc", semigrad_grpc(client, args.backend, False)),
+        Impl("grpc_shm", "**semigrad gRPC (unary, shared memory)**", "semigrad", "tracemalloc",
+             semigrad_grpc(shared_client, args.backend, False),
+             None if shared_client.shared_memory_off is None else f"shared memory: {shared_client.shared_memory_off}"),
         Impl("grpc_stream", "**semigrad gRPC (stream)**", "semigrad", "tracemalloc",
              semigrad_grpc(client, args.backend, True),
              None if hasattr(semigrad.RegisteredGraph, "gradient_many") else "client has no gradient_many"),
@@ -750,6 +773,7 @@ def main(argv=None) -> int:
             memory_pass(results)
     finally:
         client.close()
+        shared_client.close()
         echo.close()
         server.stop(0).wait()
 

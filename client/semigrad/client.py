@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import queue
-from collections.abc import Iterable, Mapping
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import grpc
@@ -11,16 +14,25 @@ import numpy as np
 
 from . import codec
 from .description import GraphDescription
-from .errors import SemigradError, error_for_code, from_rpc_error
+from .errors import FailedPrecondition, SemigradError, error_for_code, from_rpc_error
 from .hooks import Contribution, attachments
 from .graph import Graph
 from .reports import CrossCheckReport, SymbolicGradient
+from .shared_memory import Placement, RegionPool, is_local_target, tensor_bytes
+from .shared_memory import available as shared_memory_available
 from .specs import BestPath, OpInfo, PathStep, SemiringInfo, TensorSpec
 from .viz import render_dot
 from .v1 import semigrad_pb2 as pb
 from .v1 import semigrad_pb2_grpc as pb_grpc
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# HTTP/2 and TCP tuning for large messages: none; see TRANSPORT_OPTIONS in
+# semigrad_server/service/server.py for what was measured (nothing beat the noise).
+TRANSPORT_OPTIONS: tuple[tuple[str, object], ...] = ()
+# shared_memory="auto": a call's tensors (request and expected response) from this many bytes
+# on go through shared memory. Measured crossover on loopback: see docs/performance.md.
+SHARED_MEMORY_THRESHOLD = 128 * 1024
+STREAM_REGIONS = 4  # shared-memory regions one GradientStream keeps in flight (chunks on the wire)
 
 
 class Client:
@@ -31,6 +43,17 @@ class Client:
     gRPC channel options as (key, value) pairs and override the defaults; ``credentials``
     (grpc.ChannelCredentials) make a secure channel. Use as a context manager, or call close().
     Failed calls raise :class:`semigrad.SemigradError` subclasses.
+
+    ``shared_memory``: pass the tensors of evaluate, gradient and gradient_many calls through
+    POSIX shared memory (/dev/shm) instead of the message, for a server on this host running as
+    this user. ``"auto"`` (default) does so when the target is a unix socket, localhost or a
+    loopback address and a call moves at least ``shared_memory_threshold`` bytes of tensors, and
+    stops for good (sending inline, the failed call retried) the first time the server refuses
+    (another host or container, another user, ``--no-shared-memory``); ``True`` always, a refusal
+    raising FailedPrecondition; ``False`` never. Results that came through shared memory are
+    writable arrays viewing the call's region (no copy), which goes back to the client's pool
+    only once they are garbage-collected. ``close()`` removes the client's regions (arrays still
+    held stay readable). See docs/performance.md.
     """
 
     def __init__(
@@ -41,10 +64,30 @@ class Client:
         options: Iterable[tuple[str, object]] | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         credentials: grpc.ChannelCredentials | None = None,
+        shared_memory: bool | str = "auto",
+        shared_memory_threshold: int = SHARED_MEMORY_THRESHOLD,
     ):
+        if shared_memory not in ("auto", True, False):
+            raise ValueError(f"shared_memory must be 'auto', True or False, not {shared_memory!r}")
+        if shared_memory is True and not shared_memory_available():
+            raise ValueError("shared_memory=True needs a writable /dev/shm on this host")
+        self.shared_memory = shared_memory
+        self.shared_memory_threshold = shared_memory_threshold
+        # Why "auto" stopped using shared memory (None while it may).
+        self.shared_memory_off: str | None = None
+        if shared_memory == "auto" and not (is_local_target(target) and shared_memory_available()):
+            self.shared_memory_off = "the target is not on this host" if shared_memory_available() \
+                else "no writable /dev/shm"
+        elif shared_memory is False:
+            self.shared_memory_off = "shared_memory=False"
+        self._pool: RegionPool | None = None
+        self._pool_lock = threading.Lock()
+        # Gives a call's region back; held by lent results, so it must not keep the client alive.
+        self._release = _releaser(weakref.ref(self))
         channel_options = {
             "grpc.max_send_message_length": max_message_bytes,
             "grpc.max_receive_message_length": max_message_bytes,
+            **dict(TRANSPORT_OPTIONS),
             **dict(options or ()),
         }
         channel_options = list(channel_options.items())
@@ -85,8 +128,69 @@ class Client:
         return [SemiringInfo.from_proto(s) for s in response.semirings]
 
     def close(self) -> None:
-        """Close the channel."""
+        """Close the channel and remove the client's shared-memory regions."""
         self._channel.close()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def shared_memory_regions(self) -> list[str]:
+        """Names of the client's shared-memory regions (files in /dev/shm) now."""
+        with self._pool_lock:
+            return self._pool.names() if self._pool is not None else []
+
+    def _placement(self, nbytes: int) -> Placement | None:
+        """A region of its own for a call moving `nbytes` of tensors, or None to send them inline."""
+        if self.shared_memory_off is not None or (self.shared_memory == "auto"
+                                                  and nbytes < self.shared_memory_threshold):
+            return None
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = RegionPool()
+            pool = self._pool
+        try:
+            return Placement(pool.acquire(nbytes))
+        except (OSError, ValueError):  # /dev/shm full, or closed meanwhile: inline this time
+            if self.shared_memory is True:
+                raise
+            return None
+
+    def _give_back(self, region) -> None:
+        """A call's region back to the pool (or removed, when the client was closed meanwhile)."""
+        with self._pool_lock:
+            pool = self._pool
+        if pool is not None:
+            pool.release(region)
+        else:
+            region.close()
+
+    def _refused(self, error: SemigradError) -> bool:
+        """In "auto" mode, a refusal of shared memory switches it off (True: retry inline)."""
+        if (self.shared_memory == "auto" and isinstance(error, FailedPrecondition)
+                and "shared memory" in error.message):
+            self.shared_memory_off = f"the server refused it: {error.message}"
+            return True
+        return False
+
+    def _tensor_call(self, method: str, request, tensors: Mapping[str, Mapping[str, np.ndarray]],
+                     result_bytes: int, decode: Callable):
+        """Call unary `method` with `tensors` ({request field: {name: array}}) inline or in shared
+        memory; `decode(response, read)` builds the result, shared tensors lent (see Placement.lend)."""
+        placement = self._placement(sum(tensor_bytes(a) for a in tensors.values()) + result_bytes)
+        if placement is not None:
+            try:
+                _fill(request, tensors, placement)
+                try:
+                    return decode(self._call(method, request), placement.lend)
+                except FailedPrecondition as error:
+                    if not self._refused(error):
+                        raise
+            finally:
+                placement.finish(self._release)
+            request.ClearField("output_region")
+        _fill(request, tensors, None)
+        return decode(self._call(method, request), codec.from_tensor)
 
     def __enter__(self) -> Client:
         return self
@@ -119,7 +223,8 @@ class RegisteredGraph:
 
     Input values and seeds may be ndarrays, lists or scalars: they are converted with np.asarray
     to the declared dtype, and may carry leading batch dimensions (results carry them too).
-    Returned arrays are read-only views of the response bytes.
+    Returned arrays are read-only views of the response bytes, or, for calls that went through
+    shared memory (see :class:`Client`), writable arrays of their own.
     """
 
     def __init__(self, client: Client, graph_id: str, graph: pb.Graph, types: Iterable[pb.NodeType],
@@ -227,10 +332,13 @@ class RegisteredGraph:
         clashes = set(nodes) & set(outputs or (o.name for o in self.graph.outputs))
         if clashes:
             raise ValueError(f"node ids {sorted(clashes)} are also output names")
-        request = pb.EvaluateRequest(graph_id=self.id, inputs=_encode(inputs, self.input_specs),
-                                     outputs=outputs, nodes=nodes, backend=backend)
-        response = self.client._call("Evaluate", request)
-        return {**_decode(response.outputs), **_decode(response.nodes)}
+        arrays = _arrays(inputs, self.input_specs)
+        request = pb.EvaluateRequest(graph_id=self.id, outputs=outputs, nodes=nodes, backend=backend)
+        returned = [*(outputs or (o.name for o in self.graph.outputs)), *nodes]
+        expected = self._result_bytes(arrays, [self.output_specs.get(n) or self.types.get(n) for n in returned])
+        return self.client._tensor_call(
+            "Evaluate", request, {"inputs": arrays}, expected,
+            lambda response, read: {**_decode(response.outputs, read), **_decode(response.nodes, read)})
 
     def gradient(self, inputs: Mapping[str, object], wrt: str | Iterable[str] | None = None,
                  seeds: Mapping[str, object] | None = None,
@@ -264,12 +372,16 @@ class RegisteredGraph:
         ``gradients.records``.
         """
         wire, local = attachments(hooks)
-        request = self._gradient_request(inputs, wrt, seeds, outputs, return_outputs, semiring, semiring_params,
-                                         return_components, best_path, backend, retain, wire)
+        request, tensors = self._gradient_request(inputs, wrt, seeds, outputs, return_outputs, semiring,
+                                                  semiring_params, return_components, best_path, backend, retain,
+                                                  wire)
         if local:
+            _fill(request, tensors, None)
             gradients = self._gradient_with_client_hooks(request, local)
         else:
-            gradients = _gradients_from(self.client._call("Gradient", request))
+            gradients = self.client._tensor_call("Gradient", request, tensors,
+                                                 self._gradient_result_bytes(request, tensors["inputs"]),
+                                                 _gradients_from)
         return (gradients, gradients.outputs) if return_outputs else gradients
 
     def _gradient_with_client_hooks(self, request: pb.GradientRequest, local: dict) -> Gradients:
@@ -336,22 +448,57 @@ class RegisteredGraph:
                     for name, a in values.items()}
 
         seed_arrays = {name: np.asarray(v) for name, v in seeds.items()}
+        client = self.client
+        shared = client.shared_memory_off is None
+        placements: dict[int, Placement] = {}  # chunk -> its region, until its response is read
+        in_flight = threading.BoundedSemaphore(STREAM_REGIONS)
+        done = threading.Event()
 
         def requests():
             for k, start in enumerate(starts):
-                yield pb.GradientStreamRequest(chunk=k, request=self._gradient_request(
-                    cut(arrays, self.input_specs, start), seeds=cut(seed_arrays, self.output_specs, start), **options))
+                request, tensors = self._gradient_request(
+                    cut(arrays, self.input_specs, start), seeds=cut(seed_arrays, self.output_specs, start), **options)
+                placement = None
+                if shared:
+                    while not in_flight.acquire(timeout=0.1):  # regions come back as responses are read
+                        if done.is_set():
+                            return
+                    placement = client._placement(sum(tensor_bytes(a) for a in tensors.values())
+                                                  + self._gradient_result_bytes(request, tensors["inputs"]))
+                    if placement is None:
+                        in_flight.release()
+                    elif done.is_set():
+                        placement.finish(client._release)
+                        return
+                    else:
+                        placements[k] = placement
+                _fill(request, tensors, placement)
+                yield pb.GradientStreamRequest(chunk=k, request=request)
 
         parts: list[Gradients | None] = [None] * len(starts)
         failures = []
-        responses = self.client._stream("GradientStream", requests())
-        if progress or (progress is None and len(starts) > 8):
-            responses = _progress(responses, len(starts))
-        for message in responses:
-            if message.code:
-                failures.append((message.chunk, message.code, message.message))
-            else:
-                parts[message.chunk] = _gradients_from(message.response)
+        try:
+            responses = client._stream("GradientStream", requests())
+            if progress or (progress is None and len(starts) > 8):
+                responses = _progress(responses, len(starts))
+            for message in responses:
+                placement = placements.pop(message.chunk, None)
+                try:
+                    if message.code:
+                        failures.append((message.chunk, message.code, message.message))
+                    else:
+                        parts[message.chunk] = _gradients_from(
+                            message.response, placement.read if placement is not None else codec.from_tensor)
+                finally:
+                    if placement is not None:
+                        placement.finish(client._release)  # read() copied the chunk's results out
+                        in_flight.release()
+        finally:
+            done.set()
+            for placement in list(placements.values()):
+                placement.finish(client._release)
+        if shared and any(client._refused(error_for_code(code, text)) for _, code, text in failures):
+            return self.gradient_many(inputs, chunk_size, progress=progress, seeds=seeds, **options)
         if failures:
             chunk, code, text = failures[0]
             listed = ", ".join(str(c) for c, _, _ in failures)
@@ -361,25 +508,58 @@ class RegisteredGraph:
 
     def _gradient_request(self, inputs, wrt=None, seeds=None, outputs=None, return_outputs=False,
                           semiring="real", semiring_params=None, return_components=False, best_path=None,
-                          backend="auto", retain=None, hooks=()) -> pb.GradientRequest:
-        return pb.GradientRequest(
-            graph_id=self.id, inputs=_encode(inputs, self.input_specs), wrt=_names(wrt),
-            seeds=_encode(seeds or {}, self.output_specs), outputs=_names(outputs),
+                          backend="auto", retain=None, hooks=()) -> tuple[pb.GradientRequest, dict]:
+        """The request without its tensors, and the tensors by request field (see :func:`_fill`)."""
+        request = pb.GradientRequest(
+            graph_id=self.id, wrt=_names(wrt), outputs=_names(outputs),
             return_outputs=return_outputs, semiring=semiring,
             semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()},
             return_components=return_components,
             best_paths=[pb.ElementRef(input=name, index=[int(i) for i in index]) for name, index in best_path or ()],
             backend=backend, retain=_names(retain), hooks=list(hooks),
         )
+        return request, {"inputs": _arrays(inputs, self.input_specs), "seeds": _arrays(seeds or {}, self.output_specs)}
+
+    def _result_bytes(self, arrays: Mapping[str, np.ndarray], specs: Iterable[TensorSpec | None]) -> int:
+        """What the response's tensors of these specs (per item) should take with the inputs' batch
+        shape, alignment included: the size of the output region offered. An estimate (0 when the
+        batch shapes do not broadcast; the server sends what does not fit inline)."""
+        try:
+            batch = np.broadcast_shapes(*(a.shape[:a.ndim - len(self.input_specs[name].shape)]
+                                          for name, a in arrays.items() if name in self.input_specs))
+        except ValueError:
+            return 0
+        items = math.prod(batch)
+        return sum(64 + items * math.prod(spec.shape) * 8 for spec in specs if spec is not None)
+
+    def _gradient_result_bytes(self, request: pb.GradientRequest, arrays: Mapping[str, np.ndarray]) -> int:
+        wrt = list(request.wrt) or [name for name, spec in self.input_specs.items()
+                                    if spec.dtype in ("float64", "float32")]
+        specs = [self.input_specs.get(name) for name in wrt]
+        if request.return_outputs:
+            specs += [self.output_specs.get(name) for name in (request.outputs or self.output_specs)]
+        specs += [self.types.get(node) for node in request.retain]
+        return self._result_bytes(arrays, specs)
 
 
-def _gradients_from(response: pb.GradientResponse) -> Gradients:
-    gradients = Gradients(_decode(response.gradients))
-    gradients.outputs = _decode(response.outputs)
-    gradients.components = {x: _decode(parts.tensors) for x, parts in response.components.items()}
+def _releaser(client_ref: weakref.ref) -> Callable:
+    def release(region) -> None:
+        client = client_ref()
+        if client is None:  # the client is gone, and its pool with it
+            region.close()
+        else:
+            client._give_back(region)
+
+    return release
+
+
+def _gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients:
+    gradients = Gradients(_decode(response.gradients, read))
+    gradients.outputs = _decode(response.outputs, read)
+    gradients.components = {x: _decode(parts.tensors, read) for x, parts in response.components.items()}
     gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths]
-    gradients.retained = _decode(response.retained)
-    gradients.records = {key: _decode(parts.tensors) for key, parts in response.records.items()}
+    gradients.retained = _decode(response.retained, read)
+    gradients.records = {key: _decode(parts.tensors, read) for key, parts in response.records.items()}
     return gradients
 
 
@@ -438,5 +618,26 @@ def _encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> di
             for name, value in values.items()}
 
 
-def _decode(tensors: Mapping[str, pb.Tensor]) -> dict[str, np.ndarray]:
-    return {name: codec.from_tensor(tensor) for name, tensor in tensors.items()}
+def _arrays(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
+    """``values`` as arrays in their spec's dtype (unknown names: for the server to reject)."""
+    return {name: np.asarray(value, dtype=specs[name].dtype if name in specs else None)
+            for name, value in values.items()}
+
+
+def _fill(request, tensors: Mapping[str, Mapping[str, np.ndarray]], placement: Placement | None) -> None:
+    """Put the arrays into the request's tensor maps ({field: {name: array}}): inline, or written into
+    the placement's region (which is then also offered as the output region)."""
+    for field_name, arrays in tensors.items():
+        target = getattr(request, field_name)
+        target.clear()
+        for name, array in arrays.items():
+            if placement is None or array.size == 0:
+                target[name].CopyFrom(codec.to_tensor(array))
+            else:
+                target[name].CopyFrom(placement.tensor(array))
+    if placement is not None:
+        request.output_region.CopyFrom(placement.output_region())
+
+
+def _decode(tensors: Mapping[str, pb.Tensor], read: Callable = codec.from_tensor) -> dict[str, np.ndarray]:
+    return {name: read(tensor) for name, tensor in tensors.items()}

@@ -59,6 +59,13 @@ def dtype_from_proto(enum: int) -> str:
         raise ValueError(f"unsupported wire dtype {enum} (DTYPE_UNSPECIFIED is 0)") from None
 
 
+def wire_dtype(dtype) -> np.dtype:
+    """Return the little-endian NumPy dtype a tensor travels in, for a dtype-like or a
+    ``semigrad.v1.DType`` enum value (ValueError for an unsupported enum value)."""
+    name = dtype_from_proto(dtype) if isinstance(dtype, int) else dtype_name(dtype)
+    return _DTYPES[name][1]
+
+
 def to_tensor(value, dtype=None) -> pb.Tensor:
     """Encode an array-like as a ``semigrad.v1.Tensor``.
 
@@ -76,8 +83,12 @@ def from_tensor(tensor: pb.Tensor) -> np.ndarray:
     """Decode a ``semigrad.v1.Tensor`` into a NumPy array.
 
     The array is a read-only view of the message bytes (no copy); use ``.copy()`` to modify it.
-    Raises ValueError if the byte length does not match the shape.
+    Raises ValueError if the byte length does not match the shape, or if the tensor's bytes are
+    in shared memory (a ``shared`` reference: see :mod:`semigrad.shared_memory`).
     """
+    if tensor.WhichOneof("payload") == "shared":
+        raise ValueError(f"the tensor's bytes are in shared memory region '{tensor.shared.region}' "
+                         f"(offset {tensor.shared.offset}), not in the message")
     wire = _DTYPES[dtype_from_proto(tensor.dtype)][1]
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):

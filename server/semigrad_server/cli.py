@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--store", default=default_store(),
                        help="the embedded graph store (a SQLite file shared by the workers), or 'memory' "
                             f"to keep graphs in memory only (default {default_store()}; env SEMIGRAD_STORE)")
+    serve.add_argument("--no-shared-memory", dest="shared_memory", action="store_false",
+                       help="refuse tensors in shared memory (by default clients on this host, running as "
+                            "this user, may pass tensors through /dev/shm; see docs/performance.md)")
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     defaults = Limits()
     for name in Limits.names():
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         store = None if args.store == "memory" else args.store
         workers = args.workers or (os.cpu_count() or 1 if store is not None else 1)
         try:
-            serve(args.host, args.port, limits=limits, threads=args.threads, store=store, workers=workers)
+            serve(args.host, args.port, limits=limits, threads=args.threads, store=store, workers=workers,
+                  shared_memory=args.shared_memory)
         except ValueError as e:
             print(f"semigrad serve: {e}", file=sys.stderr)
             return 2

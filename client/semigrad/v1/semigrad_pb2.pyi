@@ -21,14 +21,34 @@ DTYPE_INT64: DType
 DTYPE_BOOL: DType
 
 class Tensor(_message.Message):
-    __slots__ = ("dtype", "shape", "data")
+    __slots__ = ("dtype", "shape", "data", "shared")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    shared: SharedMemoryRef
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., shared: _Optional[_Union[SharedMemoryRef, _Mapping]] = ...) -> None: ...
+
+class SharedMemoryRef(_message.Message):
+    __slots__ = ("region", "offset")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    offset: int
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class SharedMemoryRegion(_message.Message):
+    __slots__ = ("region", "offset", "capacity")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    offset: int
+    capacity: int
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
 
 class IndexItem(_message.Message):
     __slots__ = ("index", "slice")
@@ -177,7 +197,7 @@ class RegisterGraphResponse(_message.Message):
     def __init__(self, graph_id: _Optional[str] = ..., created: _Optional[bool] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[OpInfo, _Mapping]]] = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
-    __slots__ = ("graph_id", "inputs", "outputs", "nodes", "backend")
+    __slots__ = ("graph_id", "inputs", "outputs", "nodes", "backend", "output_region")
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -190,12 +210,14 @@ class EvaluateRequest(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_REGION_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     inputs: _containers.MessageMap[str, Tensor]
     outputs: _containers.RepeatedScalarFieldContainer[str]
     nodes: _containers.RepeatedScalarFieldContainer[str]
     backend: str
-    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ..., backend: _Optional[str] = ...) -> None: ...
+    output_region: SharedMemoryRegion
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ..., backend: _Optional[str] = ..., output_region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ...) -> None: ...
 
 class EvaluateResponse(_message.Message):
     __slots__ = ("outputs", "nodes")
@@ -220,7 +242,7 @@ class EvaluateResponse(_message.Message):
     def __init__(self, outputs: _Optional[_Mapping[str, Tensor]] = ..., nodes: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class GradientRequest(_message.Message):
-    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend", "retain", "hooks")
+    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend", "retain", "hooks", "output_region")
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +277,7 @@ class GradientRequest(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     RETAIN_FIELD_NUMBER: _ClassVar[int]
     HOOKS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_REGION_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     inputs: _containers.MessageMap[str, Tensor]
     wrt: _containers.RepeatedScalarFieldContainer[str]
@@ -268,7 +291,8 @@ class GradientRequest(_message.Message):
     backend: str
     retain: _containers.RepeatedScalarFieldContainer[str]
     hooks: _containers.RepeatedCompositeFieldContainer[HookAttachment]
-    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ..., retain: _Optional[_Iterable[str]] = ..., hooks: _Optional[_Iterable[_Union[HookAttachment, _Mapping]]] = ...) -> None: ...
+    output_region: SharedMemoryRegion
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ..., retain: _Optional[_Iterable[str]] = ..., hooks: _Optional[_Iterable[_Union[HookAttachment, _Mapping]]] = ..., output_region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ...) -> None: ...
 
 class HookAttachment(_message.Message):
     __slots__ = ("node", "hook", "kind", "params", "client")

@@ -11,21 +11,34 @@ from semigrad.v1 import semigrad_pb2 as pb
 from ..errors import InvalidArgument
 from ..ir import Graph, InputSpec, Node, OpDefinition, Type
 from ..ops.base import OpDef
+from .shared_memory import Session, Writer
 
 
-def tensor_to_array(tensor: pb.Tensor, what: str) -> np.ndarray:
+def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None) -> np.ndarray:
+    """The tensor's array: a read-only view of the message bytes, or of the shared-memory region it
+    references when the request may use shared memory (`shared`: the request's session)."""
+    if tensor.WhichOneof("payload") == "shared":
+        if shared is None:
+            raise InvalidArgument(f"{what}: shared-memory tensors are only accepted in the inputs and seeds of "
+                                  "Evaluate, Gradient, GradientStream and GradientWithHooks requests")
+        return shared.array(tensor, what)
     try:
         return codec.from_tensor(tensor)
     except ValueError as e:
         raise InvalidArgument(f"{what}: {e}") from None
 
 
-def tensors_to_arrays(tensors: Mapping[str, pb.Tensor], what: str) -> dict[str, np.ndarray]:
-    return {name: tensor_to_array(t, f"{what} '{name}'") for name, t in tensors.items()}
+def tensors_to_arrays(tensors: Mapping[str, pb.Tensor], what: str,
+                      shared: Session | None = None) -> dict[str, np.ndarray]:
+    return {name: tensor_to_array(t, f"{what} '{name}'", shared) for name, t in tensors.items()}
 
 
-def arrays_to_tensors(arrays: Mapping[str, np.ndarray]) -> dict[str, pb.Tensor]:
-    return {name: codec.to_tensor(a) for name, a in arrays.items()}
+def arrays_to_tensors(arrays: Mapping[str, np.ndarray], writer: Writer | None = None) -> dict[str, pb.Tensor]:
+    """Encode arrays inline, or into the request's shared-memory output region (`writer`) as far as
+    they fit (the rest inline)."""
+    if writer is None:
+        return {name: codec.to_tensor(a) for name, a in arrays.items()}
+    return {name: writer.place(a) or codec.to_tensor(a) for name, a in arrays.items()}
 
 
 def _attr(node_id: str, key: str, value: pb.AttrValue) -> object:
@@ -109,13 +122,15 @@ def hooks_from_proto(attachments) -> list:
             for h in attachments]
 
 
-def gradient_response(result) -> pb.GradientResponse:
+def gradient_response(result, writer: Writer | None = None) -> pb.GradientResponse:
+    """`writer`: the request's shared-memory output region, filled in this order (gradients first)."""
+    gradients = arrays_to_tensors(result.gradients, writer)
+    outputs = arrays_to_tensors(result.outputs, writer)
+    components = {x: pb.Tensors(tensors=arrays_to_tensors(parts, writer)) for x, parts in result.components.items()}
+    retained = arrays_to_tensors(result.retained, writer)
+    records = {key: pb.Tensors(tensors=arrays_to_tensors(parts, writer)) for key, parts in result.records.items()}
     return pb.GradientResponse(
-        retained=arrays_to_tensors(result.retained),
-        records={key: pb.Tensors(tensors=arrays_to_tensors(parts)) for key, parts in result.records.items()},
-        gradients=arrays_to_tensors(result.gradients),
-        outputs=arrays_to_tensors(result.outputs),
-        components={x: pb.Tensors(tensors=arrays_to_tensors(parts)) for x, parts in result.components.items()},
+        retained=retained, records=records, gradients=gradients, outputs=outputs, components=components,
         best_paths=[pb.BestPath(
             start=pb.ElementRef(input=p.input, index=p.index), output=p.output,
             steps=[pb.PathStep(node=node, index=index, partial=partial) for node, index, partial in p.steps],

@@ -18,25 +18,38 @@ from ..engine import Engine
 from ..limits import Limits
 from ..store import SqliteStore
 from .servicer import GraphServicer
+from .shared_memory import SharedMemory
 
 log = logging.getLogger("semigrad.server")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s %(message)s"
 SIGNAL_POLL_SECONDS = 0.2
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GraphService"].full_name
+# HTTP/2 and TCP tuning for large messages: none. Measured on loopback (grpcio 1.85, 2 cores, bare
+# bytes echo, 64 B to 16 MB each way, interleaved warm channels, server in-process and in a child
+# process): max_frame_size 16 MiB, tcp_{min,max,}_read_chunk_size 1-8 MiB, bdp_probe off,
+# lookahead_bytes 16 MiB and write_buffer_size 16 MiB, alone and together, changed the round trip
+# by less than the run-to-run noise (±10-20 %; e.g. 1.3 MB each way: 1.4-1.8 ms with or without),
+# never reproducibly faster, sometimes slower. Large messages cost their copies (protobuf,
+# grpc slices, the socket, fresh pages from glibc's allocator: docs/performance.md), which only
+# shared memory avoids (see shared_memory.py).
+TRANSPORT_OPTIONS: tuple[tuple[str, object], ...] = ()
 
 
 def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, threads: int = 8,
-                 engine: Engine | None = None, reuse_port: bool = False) -> tuple[grpc.Server, int, Engine]:
+                 engine: Engine | None = None, reuse_port: bool = False,
+                 shared_memory: bool = True) -> tuple[grpc.Server, int, Engine]:
     """Create a server bound to `address` (port 0: an ephemeral port); return it, the port and its engine.
-    `reuse_port`: let several processes bind the same port (the kernel spreads connections)."""
+    `reuse_port`: let several processes bind the same port (the kernel spreads connections).
+    `shared_memory`: accept tensors in shared memory from clients on this host (docs/performance.md)."""
     limits = limits or Limits()
     engine = engine or Engine(limits)
     options = [("grpc.max_receive_message_length", limits.max_message_bytes),
                ("grpc.max_send_message_length", limits.max_message_bytes),
-               ("grpc.so_reuseport", int(reuse_port))]
+               ("grpc.so_reuseport", int(reuse_port)),
+               *TRANSPORT_OPTIONS]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="semigrad"),
                          options=options)
-    pb_grpc.add_GraphServiceServicer_to_server(GraphServicer(engine), server)
+    pb_grpc.add_GraphServiceServicer_to_server(GraphServicer(engine, SharedMemory(enabled=shared_memory)), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
@@ -50,29 +63,33 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
 
 
 def serve(host: str, port: int, *, limits: Limits | None = None, threads: int = 8, grace: float = 5.0,
-          store: str | None = None, workers: int = 1) -> None:
+          store: str | None = None, workers: int = 1, shared_memory: bool = True) -> None:
     """Serve until SIGINT or SIGTERM, then stop gracefully (in-flight calls get `grace` seconds).
 
     `store`: path of the embedded SQLite graph store, or None to keep graphs in memory only.
     `workers` > 1 runs that many processes on the same port, so CPU-bound requests use every
-    core; they need the shared store to see each other's graphs."""
+    core; they need the shared store to see each other's graphs. `shared_memory`: accept
+    tensors in shared memory from clients on this host."""
     if workers > 1:
         if store is None:
             raise ValueError("several workers need a shared store: give --store PATH")
         if port == 0:
             raise ValueError("several workers need a fixed --port")
-        _supervise(host, port, limits=limits, threads=threads, grace=grace, store=store, workers=workers)
+        _supervise(host, port, limits=limits, threads=threads, grace=grace, store=store, workers=workers,
+                   shared_memory=shared_memory)
     else:
-        _serve_one(host, port, limits=limits, threads=threads, grace=grace, store=store, reuse_port=False)
+        _serve_one(host, port, limits=limits, threads=threads, grace=grace, store=store, reuse_port=False,
+                   shared_memory=shared_memory)
 
 
-def _serve_one(host, port, *, limits, threads, grace, store, reuse_port) -> None:
+def _serve_one(host, port, *, limits, threads, grace, store, reuse_port, shared_memory=True) -> None:
     limits = limits or Limits()
     engine = Engine(limits, persistent=SqliteStore(store, limits.max_stored_graphs) if store else None)
     server, bound, _ = build_server(f"{host}:{port}", limits=limits, threads=threads, engine=engine,
-                                    reuse_port=reuse_port)
+                                    reuse_port=reuse_port, shared_memory=shared_memory)
     server.start()
-    log.info("semigrad serving on %s:%d (store: %s)", host, bound, store or "memory")
+    log.info("semigrad serving on %s:%d (store: %s; shared memory: %s)", host, bound, store or "memory",
+             "on" if shared_memory else "off")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

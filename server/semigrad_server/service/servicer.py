@@ -21,6 +21,7 @@ from ..symbolic.custom import custom_ops
 from ..symbolic.formulas import symbolic_gradient
 from . import convert
 from .client_hooks import run_with_client_hooks
+from .shared_memory import SharedMemory
 
 log = logging.getLogger("semigrad.rpc")
 
@@ -54,8 +55,11 @@ def deadline_of(context: grpc.ServicerContext) -> float | None:
 
 
 class GraphServicer(pb_grpc.GraphServiceServicer):
-    def __init__(self, engine: Engine):
+    """`shared_memory`: the worker's view of same-host clients' shared-memory regions (default: enabled)."""
+
+    def __init__(self, engine: Engine, shared_memory: SharedMemory | None = None):
         self.engine = engine
+        self.shared_memory = shared_memory if shared_memory is not None else SharedMemory()
 
     @rpc
     def RegisterGraph(self, request, context):
@@ -72,27 +76,33 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
 
     @rpc
     def Evaluate(self, request, context):
-        outputs, nodes = self.engine.evaluate(
-            request.graph_id, convert.tensors_to_arrays(request.inputs, "input"),
-            outputs=list(request.outputs), nodes=list(request.nodes), deadline=deadline_of(context),
-            backend=request.backend)
-        return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs), nodes=convert.arrays_to_tensors(nodes))
+        with self.shared_memory.session() as shared:
+            inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
+            writer = shared.writer(request.output_region) if request.HasField("output_region") else None
+            outputs, nodes = self.engine.evaluate(
+                request.graph_id, inputs, outputs=list(request.outputs), nodes=list(request.nodes),
+                deadline=deadline_of(context), backend=request.backend)
+            return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs, writer),
+                                       nodes=convert.arrays_to_tensors(nodes, writer))
 
     @rpc
     def Gradient(self, request, context):
         return self._gradient(request, deadline_of(context))
 
     def _gradient(self, request, deadline, hook_run=None):
-        result = self.engine.gradient(
-            request.graph_id, convert.tensors_to_arrays(request.inputs, "input"), wrt=list(request.wrt),
-            seeds=convert.tensors_to_arrays(request.seeds, "seed"), outputs=list(request.outputs),
-            return_outputs=request.return_outputs, semiring=request.semiring,
-            semiring_params=convert.params_from_proto(request.semiring_params),
-            return_components=request.return_components,
-            best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
-            deadline=deadline, backend=request.backend, retain=list(request.retain),
-            hooks=convert.hooks_from_proto(request.hooks), hook_run=hook_run)
-        return convert.gradient_response(result)
+        with self.shared_memory.session() as shared:
+            inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
+            seeds = convert.tensors_to_arrays(request.seeds, "seed", shared)
+            writer = shared.writer(request.output_region) if request.HasField("output_region") else None
+            result = self.engine.gradient(
+                request.graph_id, inputs, wrt=list(request.wrt), seeds=seeds, outputs=list(request.outputs),
+                return_outputs=request.return_outputs, semiring=request.semiring,
+                semiring_params=convert.params_from_proto(request.semiring_params),
+                return_components=request.return_components,
+                best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
+                deadline=deadline, backend=request.backend, retain=list(request.retain),
+                hooks=convert.hooks_from_proto(request.hooks), hook_run=hook_run)
+            return convert.gradient_response(result, writer)
 
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK
