@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
@@ -140,10 +141,14 @@ class Client:
         with self._pool_lock:
             return self._pool.names() if self._pool is not None else []
 
-    def _placement(self, nbytes: int) -> Placement | None:
-        """A region of its own for a call moving `nbytes` of tensors, or None to send them inline."""
-        if self.shared_memory_off is not None or (self.shared_memory == "auto"
-                                                  and nbytes < self.shared_memory_threshold):
+    def _placement(self, tensors: Mapping[str, Mapping[str, np.ndarray]],
+                   result_bytes: Callable[[], int]) -> Placement | None:
+        """A region of its own for a call moving `tensors` and about `result_bytes()` of results,
+        or None to send them inline."""
+        if self.shared_memory_off is not None:
+            return None
+        nbytes = sum(tensor_bytes(a) for a in tensors.values()) + result_bytes()
+        if self.shared_memory == "auto" and nbytes < self.shared_memory_threshold:
             return None
         with self._pool_lock:
             if self._pool is None:
@@ -174,10 +179,10 @@ class Client:
         return False
 
     def _tensor_call(self, method: str, request, tensors: Mapping[str, Mapping[str, np.ndarray]],
-                     result_bytes: int, decode: Callable):
+                     result_bytes: Callable[[], int], decode: Callable):
         """Call unary `method` with `tensors` ({request field: {name: array}}) inline or in shared
         memory; `decode(response, read)` builds the result, shared tensors lent (see Placement.lend)."""
-        placement = self._placement(sum(tensor_bytes(a) for a in tensors.values()) + result_bytes)
+        placement = self._placement(tensors, result_bytes)
         if placement is not None:
             try:
                 _fill(request, tensors, placement)
@@ -335,7 +340,8 @@ class RegisteredGraph:
         arrays = _arrays(inputs, self.input_specs)
         request = pb.EvaluateRequest(graph_id=self.id, outputs=outputs, nodes=nodes, backend=backend)
         returned = [*(outputs or (o.name for o in self.graph.outputs)), *nodes]
-        expected = self._result_bytes(arrays, [self.output_specs.get(n) or self.types.get(n) for n in returned])
+        expected = lambda: self._result_bytes(  # noqa: E731
+            arrays, [self.output_specs.get(n) or self.types.get(n) for n in returned])
         return self.client._tensor_call(
             "Evaluate", request, {"inputs": arrays}, expected,
             lambda response, read: {**_decode(response.outputs, read), **_decode(response.nodes, read)})
@@ -380,7 +386,7 @@ class RegisteredGraph:
             gradients = self._gradient_with_client_hooks(request, local)
         else:
             gradients = self.client._tensor_call("Gradient", request, tensors,
-                                                 self._gradient_result_bytes(request, tensors["inputs"]),
+                                                 lambda: self._gradient_result_bytes(request, tensors["inputs"]),
                                                  _gradients_from)
         return (gradients, gradients.outputs) if return_outputs else gradients
 
@@ -463,8 +469,8 @@ class RegisteredGraph:
                     while not in_flight.acquire(timeout=0.1):  # regions come back as responses are read
                         if done.is_set():
                             return
-                    placement = client._placement(sum(tensor_bytes(a) for a in tensors.values())
-                                                  + self._gradient_result_bytes(request, tensors["inputs"]))
+                    placement = client._placement(
+                        tensors, lambda: self._gradient_result_bytes(request, tensors["inputs"]))
                     if placement is None:
                         in_flight.release()
                     elif done.is_set():
@@ -510,26 +516,33 @@ class RegisteredGraph:
                           semiring="real", semiring_params=None, return_components=False, best_path=None,
                           backend="auto", retain=None, hooks=()) -> tuple[pb.GradientRequest, dict]:
         """The request without its tensors, and the tensors by request field (see :func:`_fill`)."""
-        request = pb.GradientRequest(
-            graph_id=self.id, wrt=_names(wrt), outputs=_names(outputs),
-            return_outputs=return_outputs, semiring=semiring,
-            semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()},
-            return_components=return_components,
-            best_paths=[pb.ElementRef(input=name, index=[int(i) for i in index]) for name, index in best_path or ()],
-            backend=backend, retain=_names(retain), hooks=list(hooks),
-        )
-        return request, {"inputs": _arrays(inputs, self.input_specs), "seeds": _arrays(seeds or {}, self.output_specs)}
+        fields = {"wrt": _names(wrt), "outputs": _names(outputs), "return_outputs": return_outputs,
+                  "semiring": semiring if semiring != "real" else "",
+                  "semiring_params": {k: codec.attr_value(v) for k, v in (semiring_params or {}).items()},
+                  "return_components": return_components,
+                  "best_paths": [pb.ElementRef(input=name, index=[int(i) for i in index])
+                                 for name, index in best_path or ()],
+                  "backend": backend if backend != "auto" else "", "retain": _names(retain), "hooks": list(hooks)}
+        # Only what differs from the defaults: a small request's time is mostly such steps.
+        request = pb.GradientRequest(graph_id=self.id, **{k: v for k, v in fields.items() if v})
+        tensors = {"inputs": _arrays(inputs, self.input_specs)}
+        if seeds:
+            tensors["seeds"] = _arrays(seeds, self.output_specs)
+        return request, tensors
 
     def _result_bytes(self, arrays: Mapping[str, np.ndarray], specs: Iterable[TensorSpec | None]) -> int:
         """What the response's tensors of these specs (per item) should take with the inputs' batch
         shape, alignment included: the size of the output region offered. An estimate (0 when the
         batch shapes do not broadcast; the server sends what does not fit inline)."""
-        try:
-            batch = np.broadcast_shapes(*(a.shape[:a.ndim - len(self.input_specs[name].shape)]
-                                          for name, a in arrays.items() if name in self.input_specs))
-        except ValueError:
-            return 0
-        items = math.prod(batch)
+        leads = [a.shape[:a.ndim - len(self.input_specs[name].shape)] for name, a in arrays.items()
+                 if name in self.input_specs]
+        if any(leads):
+            try:
+                items = math.prod(np.broadcast_shapes(*leads))
+            except ValueError:
+                return 0
+        else:
+            items = 1  # a single point
         return sum(64 + items * math.prod(spec.shape) * 8 for spec in specs if spec is not None)
 
     def _gradient_result_bytes(self, request: pb.GradientRequest, arrays: Mapping[str, np.ndarray]) -> int:
@@ -555,11 +568,13 @@ def _releaser(client_ref: weakref.ref) -> Callable:
 
 def _gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients:
     gradients = Gradients(_decode(response.gradients, read))
-    gradients.outputs = _decode(response.outputs, read)
-    gradients.components = {x: _decode(parts.tensors, read) for x, parts in response.components.items()}
-    gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths]
-    gradients.retained = _decode(response.retained, read)
-    gradients.records = {key: _decode(parts.tensors, read) for key, parts in response.records.items()}
+    gradients.outputs = _decode(response.outputs, read) if response.outputs else {}
+    gradients.components = ({x: _decode(parts.tensors, read) for x, parts in response.components.items()}
+                            if response.components else {})
+    gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths] if response.best_paths else []
+    gradients.retained = _decode(response.retained, read) if response.retained else {}
+    gradients.records = ({key: _decode(parts.tensors, read) for key, parts in response.records.items()}
+                         if response.records else {})
     return gradients
 
 
@@ -620,8 +635,16 @@ def _encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> di
 
 def _arrays(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
     """``values`` as arrays in their spec's dtype (unknown names: for the server to reject)."""
-    return {name: np.asarray(value, dtype=specs[name].dtype if name in specs else None)
-            for name, value in values.items()}
+    arrays = {}
+    for name, value in values.items():
+        dtype = _dtype(specs[name].dtype) if name in specs else None
+        arrays[name] = value if type(value) is np.ndarray and value.dtype == dtype else np.asarray(value, dtype=dtype)
+    return arrays
+
+
+@functools.lru_cache(maxsize=16)
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(name)
 
 
 def _fill(request, tensors: Mapping[str, Mapping[str, np.ndarray]], placement: Placement | None) -> None:

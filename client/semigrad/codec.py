@@ -20,6 +20,7 @@ _DTYPES: dict[str, tuple[int, np.dtype]] = {
     "bool": (pb.DTYPE_BOOL, np.dtype("|b1")),
 }
 _NAMES_BY_ENUM = {enum: name for name, (enum, _) in _DTYPES.items()}
+_FLOAT64 = np.dtype("<f8")
 
 
 def dtype_name(dtype) -> str:
@@ -72,6 +73,8 @@ def to_tensor(value, dtype=None) -> pb.Tensor:
     ``dtype`` (optional) casts first; otherwise the value's own dtype is kept, narrower integers
     widening to int64. Non-contiguous and big-endian arrays are converted.
     """
+    if dtype is None and type(value) is np.ndarray and value.dtype == _FLOAT64:  # the usual case, kept short
+        return pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=value.shape, data=value.tobytes())
     array = np.asarray(value, dtype=dtype)
     name = value_dtype_name(array.dtype)
     enum, wire = _DTYPES[name]
@@ -94,10 +97,11 @@ def from_tensor(tensor: pb.Tensor) -> np.ndarray:
     if any(d < 0 for d in shape):
         raise ValueError(f"tensor shape {shape} has a negative dimension")
     expected = math.prod(shape) * wire.itemsize
-    if len(tensor.data) != expected:
+    data = tensor.data  # read once: each read of a bytes field makes a new bytes object
+    if len(data) != expected:
         raise ValueError(f"tensor of shape {shape} and dtype {wire.name} needs {expected} bytes, "
-                         f"got {len(tensor.data)}")
-    return np.frombuffer(tensor.data, dtype=wire).reshape(shape)
+                         f"got {len(data)}")
+    return np.frombuffer(data, dtype=wire).reshape(shape)
 
 
 def index_list(key) -> pb.IndexList:

@@ -12,7 +12,9 @@ so the caller owns what it gets and a region is never reused under an array.
 
 from __future__ import annotations
 
+
 import ctypes
+import functools
 import ipaddress
 import math
 import mmap
@@ -268,11 +270,12 @@ class Placement:
 
 def tensor_bytes(arrays: Mapping[str, np.ndarray]) -> int:
     """Bytes the arrays take in a region (in their wire dtypes), alignment included."""
-    total = 0
-    for a in arrays.values():
-        try:
-            itemsize = codec.wire_dtype(codec.value_dtype_name(a.dtype)).itemsize
-        except TypeError:  # not encodable: the encoder says so
-            itemsize = a.itemsize
-        total += aligned(a.size * itemsize)
-    return total
+    return sum(aligned(a.size * _wire_itemsize(a.dtype)) for a in arrays.values())
+
+
+@functools.lru_cache(maxsize=64)
+def _wire_itemsize(dtype: np.dtype) -> int:
+    try:
+        return codec.wire_dtype(codec.value_dtype_name(dtype)).itemsize
+    except TypeError:  # not encodable: the encoder says so
+        return dtype.itemsize
