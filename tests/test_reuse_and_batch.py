@@ -41,3 +41,17 @@ def test_multiple_batch_dimensions(client, rng):
     batch = rng.normal(size=(4, 5, 3, 3))
     np.testing.assert_allclose(f.gradient({"A": batch})["A"], det_gradient(batch), rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(f.evaluate({"A": batch})["det"], np.linalg.det(batch), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("batch", [(), (300,)], ids=["single", "batched"])
+def test_plain_requests_take_a_shorter_path_to_the_same_bits(client, rng, batch):
+    """The server answers option-free real gradient requests through a short path; an explicit
+    seed of ones (the default cotangent) sends the same question through the general path."""
+    f = client.register(det_graph(4))
+    for _ in range(3):
+        a = rng.normal(size=batch + (4, 4))
+        plain, plain_out = f.gradient({"A": a}, return_outputs=True)
+        general, general_out = f.gradient({"A": a}, seeds={"det": np.ones(batch)}, return_outputs=True)
+        np.testing.assert_array_equal(plain["A"], general["A"])
+        np.testing.assert_array_equal(plain_out["det"], general_out["det"])
+        np.testing.assert_allclose(plain["A"], det_gradient(a), rtol=1e-10, atol=1e-12)
