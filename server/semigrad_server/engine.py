@@ -185,6 +185,7 @@ class Engine:
 
         `retain`: intermediate nodes whose gradients come back too. `hooks`: hook attachments;
         client hooks call `hook_run.client`."""
+        backend = backend or "auto"  # gRPC's default is the empty string
         plain = semiring in ("real", "") and not (seeds or semiring_params or return_components or best_paths
                                              or retain or hooks)
         if plain:

@@ -226,3 +226,25 @@ def test_a_hot_single_point_graph_runs_compiled_with_the_same_results(rng):
         np.testing.assert_allclose(got, det_gradient(a), rtol=1e-11, atol=1e-12)
         assert_same({"A": got}, engine.gradient(cg.id, {"A": a}, backend="tensor").gradients, rtol=1e-13, atol=1e-13)
         assert a.flags.writeable  # the caller's array is left as it was
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
+@pytest.mark.parametrize("spelling", ["auto", ""])  # "" is gRPC's default for the backend field
+def test_a_remembered_request_still_runs_the_compiled_kernel(monkeypatch, rng, spelling):
+    import threading
+
+    from semigrad_server.runtime import jit
+
+    engine, cg = _engine_with(det_graph(3))
+    batch = rng.normal(size=(300, 3, 3))
+    engine.gradient(cg.id, {"A": batch}, backend=spelling)
+    for thread in threading.enumerate():
+        if thread.name == "semigrad-jit":
+            thread.join()
+    runs = []
+    original = jit.Kernel.run
+    monkeypatch.setattr(jit.Kernel, "run", lambda self, arrays, n: runs.append(n) or original(self, arrays, n))
+    for _ in range(2):
+        got = engine.gradient(cg.id, {"A": batch}, backend=spelling).gradients["A"]
+        np.testing.assert_allclose(got, det_gradient(batch), rtol=1e-10, atol=1e-12)
+    assert runs == [300, 300]
