@@ -63,7 +63,6 @@ import gc  # noqa: E402
 import inspect  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 import tracemalloc  # noqa: E402
@@ -80,7 +79,7 @@ from semigrad_server.service import build_server  # noqa: E402
 from semigrad_server.service.convert import graph_from_proto  # noqa: E402
 
 import peers  # noqa: E402
-from common import REPO, fmt, machine_info, markdown_table, median_latency, rerun_command  # noqa: E402
+from common import REPO, fmt, machine_info, markdown_table, median_latency, rerun_command, settle  # noqa: E402
 from peers import PEERS, Prepared, Skip  # noqa: E402
 from workloads import DET_SIZES, Workload, all_workloads  # noqa: E402
 
@@ -187,25 +186,6 @@ def compare(what: str, got: dict, want: dict, batched: bool) -> float:
 
 
 HOT_CALLS = 100  # untimed single-point calls before timing: past every engine's "hot" threshold
-BACKGROUND_COMPILE_THREADS = ("semigrad-jit",)  # thread names of semigrad's background JIT compiles
-
-
-def settle(timeout: float = 300.0) -> float:
-    """Wait for semigrad's background compile threads (names in BACKGROUND_COMPILE_THREADS); the wait in s.
-
-    semigrad serves the first calls of a plan with NumPy while numba compiles its kernel in a
-    thread; timing before that finishes would measure the compile, not the kernel.
-    """
-    t0 = time.perf_counter()
-    deadline = t0 + timeout
-    while True:
-        pending = [t for t in threading.enumerate() if t.is_alive() and t.name.startswith(BACKGROUND_COMPILE_THREADS)]
-        if not pending or time.perf_counter() > deadline:
-            return time.perf_counter() - t0
-        for t in pending:
-            t.join(max(0.0, deadline - time.perf_counter()))
-
-
 def median_time(call: Callable, *, runs: int, budget: float, max_runs: int = 15) -> tuple[float, int]:
     """Median wall time of at least `runs` timed calls, more (up to `max_runs`) while less than
     `budget` seconds have been spent: short calls get more samples, which damps other load."""
