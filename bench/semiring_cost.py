@@ -17,9 +17,15 @@ backward pass semiring matmuls of the same sizes). For every semiring it
 
 Then it measures the peak memory (tracemalloc) of each semiring's own matmul on an n×k @ k×m
 product (default 384³) against the n·k·m·8 bytes per component that materialising the full
-product at once would take: the semiring matmuls are blocked, or use BLAS.
+product at once would take: the semiring matmuls are blocked, use BLAS, or use the compiled
+kernels of `semigrad_server.semiring.kernels`.
+
+The selective semirings and kbest call those kernels (`tropical_matmul`, `kbest_matmul`):
+compiled with numba when it is installed, NumPy otherwise. `--kernels numpy` forces the
+NumPy implementation, to measure both ways; the report says which one ran, per semiring.
 
 Run from the repo root:  .venv/bin/python bench/semiring_cost.py [--rows 64] [--width 64] [--hidden 128] [--quick]
+                         [--kernels auto|numba|numpy]
 Prints a markdown report on stdout (progress goes to stderr). Exits 1 if a gradient is wrong.
 Arguments meant for other benchmarks (bench/run.py passes its arguments to all) are ignored.
 """
@@ -58,6 +64,7 @@ import tracemalloc  # noqa: E402
 import numpy as np  # noqa: E402
 import semigrad  # noqa: E402
 from semigrad_server.engine import Engine  # noqa: E402
+from semigrad_server.semiring import kernels  # noqa: E402
 from semigrad_server.semiring.base import MATMUL_BLOCK_ELEMENTS, Semiring  # noqa: E402
 from semigrad_server.semiring.loader import default_registry  # noqa: E402
 from semigrad_server.service.convert import graph_from_proto  # noqa: E402
@@ -84,6 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--blas-threads", type=int, default=1,
                    help="BLAS threads (default 1: every semiring on one core; set before NumPy loads)")
+    p.add_argument("--kernels", choices=["auto", *kernels.BACKENDS], default="auto",
+                   help="implementation of the semiring kernels (tropical_matmul, kbest_matmul): numba, numpy, "
+                        "or auto (default: numba when installed, unless SEMIGRAD_KERNELS=numpy)")
     args, ignored = p.parse_known_args(argv)
     if ignored:
         print(f"semiring_cost.py: ignoring arguments of other benchmarks: {' '.join(ignored)}", file=sys.stderr)
@@ -95,13 +105,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.semirings = ["real"] + [s for s in args.semirings if s != "real"]
     args.budget = 0.1 if args.quick else 0.5
     args.matmul_size = args.matmul_size or (256 if args.quick else 384)
+    if args.kernels == "numba" and not kernels.numba_available():
+        p.error("--kernels numba: numba is not installed (pip install 'semigrad[jit]')")
     return args
 
 
 def resolved_argv(args) -> list[str]:
     argv = ["--rows", str(args.rows), "--width", str(args.width), "--hidden", str(args.hidden),
             "--semirings", *args.semirings, "--matmul-size", str(args.matmul_size), "--seed", str(args.seed),
-            "--blas-threads", str(args.blas_threads)]
+            "--blas-threads", str(args.blas_threads), "--kernels", args.kernels]
     return argv + (["--quick"] if args.quick else [])
 
 
@@ -237,10 +249,12 @@ def bench_mlp(args, engine: Engine) -> tuple[list[dict], dict]:
     rows = []
     for name in args.semirings:
         with section(f"{name}: check against the closed form"):
+            before = dict(kernels.calls)
             worst = check(name, gradient(name), expected(name, inputs["x"], inputs["W1"], inputs["W2"]))
+            ran = kernels_ran(before)
         with section(f"{name}: peak memory of one gradient call"):
             peak = peak_bytes(lambda: gradient(name))
-        rows.append({"name": name, "peak": peak, "err": worst})
+        rows.append({"name": name, "peak": peak, "err": worst, "kernels": ran})
     calls = {"forward": lambda: engine.evaluate(gid, inputs, **tensor)}
     calls.update({r["name"]: (lambda name=r["name"]: gradient(name)) for r in rows})
     with section(f"latency: {len(calls)} calls interleaved, ≥{args.budget} s each"):
@@ -249,6 +263,24 @@ def bench_mlp(args, engine: Engine) -> tuple[list[dict], dict]:
     for r in rows:
         r["time"], r["reps"] = medians[r["name"]], reps[r["name"]]
     return rows, {"forward": forward, "backend": tensor.get("backend", "the engine's default")}
+
+
+def kernels_ran(before: dict) -> str:
+    """The kernels called since `before` (a copy of kernels.calls), with their implementation."""
+    ran = {key: n - before.get(key, 0) for key, n in kernels.calls.items() if n > before.get(key, 0)}
+    return ", ".join(f"{kernel} ({implementation}) ×{n}" for (kernel, implementation), n in sorted(ran.items())) or "–"
+
+
+def kernels_info(args) -> str:
+    chosen = kernels.backend()
+    if chosen == "numba":
+        import numba
+
+        how = f"numba {numba.__version__}"
+    else:
+        how = "NumPy" + ("" if kernels.numba_available() else " (numba is not installed)")
+    return (f"{how} (--kernels {args.kernels}); products under {kernels.NUMBA_MIN_WORK:,} multiply-adds always run "
+            "in NumPy")
 
 
 def bench_matmul_memory(args) -> list[dict]:
@@ -260,6 +292,7 @@ def bench_matmul_memory(args) -> list[dict]:
         s = registry.get(name, {})
         a, b = s.lift(rng.normal(size=(n, n))), s.lift(rng.normal(size=(n, n)))
         a, b = (s.map(np.ascontiguousarray, v) for v in (a, b))
+        s.matmul(a, b)  # a first call may compile (numba) or load a compiled kernel: not the matmul's memory
         with section(f"{name}: peak memory of a {n}×{n} @ {n}×{n} semiring matmul"):
             peak = peak_bytes(lambda: s.matmul(a, b))
         full = n * n * n * 8 * s.components
@@ -272,9 +305,11 @@ def report(mlp: list[dict], info: dict, mem: list[dict], args) -> str:
     fwd = info["forward"]
     back_real = max(real["time"] - fwd, 1e-12)
     headers = ["semiring", "gradient (ms)", "× real", "backward ≈ gradient − forward (ms)", "× real backward",
-               "peak memory of the call (MB)", "timed calls", "max rel. error vs closed form"]  # noqa: E501
+               "peak memory of the call (MB)", "timed calls", "max rel. error vs closed form",
+               "kernels called by one gradient"]  # noqa: E501
     table = [[r["name"], fmt(r["time"] * 1e3), fmt(r["time"] / real["time"]), fmt((r["time"] - fwd) * 1e3),
-              fmt((r["time"] - fwd) / back_real), fmt(r["peak"] / 2**20), str(r["reps"]), f"{r['err']:.1e}"]
+              fmt((r["time"] - fwd) / back_real), fmt(r["peak"] / 2**20), str(r["reps"]), f"{r['err']:.1e}",
+              r["kernels"]]
              for r in mlp]
     n = args.matmul_size
     mem_table = [[r["name"], "own" if r["override"] else "default (blocked)", fmt(r["peak"] / 2**20),
@@ -287,6 +322,7 @@ def report(mlp: list[dict], info: dict, mem: list[dict], args) -> str:
         f"W2 {args.hidden}×{args.width}; gradients w.r.t. x, W1 and W2; inputs N(0, 1), weights scaled by "
         f"1/√fan-in, seed {args.seed}",
         f"- BLAS threads: {os.environ.get('OPENBLAS_NUM_THREADS', 'default')} (--blas-threads)",
+        f"- semiring kernels (semigrad_server.semiring.kernels): {kernels_info(args)}",
         f"- in-process Engine (backend: {info['backend']}); median latency, the calls of all rows interleaved "
         f"(one round calls each once), ≥{args.budget} s of calls per row; "
         f"forward pass alone (Engine.evaluate): {fmt(fwd * 1e3)} ms",
@@ -302,10 +338,12 @@ def report(mlp: list[dict], info: dict, mem: list[dict], args) -> str:
         "",
         markdown_table(["semiring", "matmul", "peak (MB)", "full n·k·m product (MB)", "peak / full"], mem_table),
         "",
-        f"Peak: tracemalloc's peak during one `semiring.matmul(a, b)` call. Full: n·k·m·8 bytes per component, "
-        f"what building every a[i, k] ⊗ b[k, j] at once would take. The default matmul works on blocks of "
-        f"the contraction axis of at most {MATMUL_BLOCK_ELEMENTS:,} elements ({MATMUL_BLOCK_ELEMENTS * 8 // 2**20} MB "
-        f"per component); real, log, entropy, counting and boolean use BLAS.",
+        f"Peak: tracemalloc's peak during one `semiring.matmul(a, b)` call (after a first call, which may "
+        f"compile or load a kernel). Full: n·k·m·8 bytes per component, what building every a[i, k] ⊗ b[k, j] "
+        f"at once would take. The default matmul works on blocks of the contraction axis of at most "
+        f"{MATMUL_BLOCK_ELEMENTS:,} elements ({MATMUL_BLOCK_ELEMENTS * 8 // 2**20} MB per component), as do the "
+        f"NumPy kernels (fewer, to stay in cache); the numba kernels only copy their operands; real, log, entropy, "
+        f"counting and boolean use BLAS.",
         "",
         "Rerun:",
         "",
@@ -318,6 +356,8 @@ def report(mlp: list[dict], info: dict, mem: list[dict], args) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.kernels != "auto":
+        kernels.set_backend(args.kernels)
     engine = Engine()
     try:
         mlp, info = bench_mlp(args, engine)

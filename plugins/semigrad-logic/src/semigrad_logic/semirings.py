@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from semigrad_server.semiring import kernels
 from semigrad_server.semiring.base import Semiring
 from semigrad_server.semiring.real import RealSemiring
 
@@ -90,6 +91,10 @@ class MaxPlusSemiring(Semiring):
     def sum(self, a, axis, keepdims=False):
         return np.max(a, axis=tuple(axis), keepdims=keepdims, initial=-np.inf)
 
+    def matmul(self, a, b):
+        # (max, +) has no BLAS: the server's kernel (numba when installed, else blocked NumPy).
+        return kernels.tropical_matmul(a, b, add="max", mul="add", zero=-np.inf)
+
 
 class MinPlusSemiring(Semiring):
     """(min, +, +inf, 0, φ = log|d| for d ≠ 0, +inf for d = 0): the log of the smallest
@@ -121,6 +126,9 @@ class MinPlusSemiring(Semiring):
     def sum(self, a, axis, keepdims=False):
         return np.min(a, axis=tuple(axis), keepdims=keepdims, initial=np.inf)
 
+    def matmul(self, a, b):
+        return kernels.tropical_matmul(a, b, add="min", mul="add", zero=np.inf)
+
 
 class BottleneckSemiring(Semiring):
     """(max, min, 0, +inf, φ = |d|): the widest path, i.e. max over paths of the smallest
@@ -149,3 +157,6 @@ class BottleneckSemiring(Semiring):
 
     def sum(self, a, axis, keepdims=False):
         return np.max(a, axis=tuple(axis), keepdims=keepdims, initial=0.0)
+
+    def matmul(self, a, b):
+        return kernels.tropical_matmul(a, b, add="max", mul="min", zero=0.0)

@@ -42,8 +42,10 @@ class EntropySemiring(Semiring):
 
     def lift(self, d):
         p = np.abs(np.asarray(d, dtype=np.float64))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where(p > 0, -p * np.log(p), 0.0)
+        r = np.zeros_like(p)
+        positive = p > 0
+        np.log(p, out=r, where=positive)  # only where p > 0: no log 0, no warning
+        np.multiply(r, -p, out=r, where=positive)  # -p log p; r stays 0 (0 log 0 = 0) elsewhere
         return p, r
 
     def sum(self, a, axis, keepdims=False):
@@ -52,11 +54,32 @@ class EntropySemiring(Semiring):
 
     def matmul(self, a, b):
         (za, ra), (zb, rb) = a, b
-        # ⊕_k (Za Zb, Za Rb + Ra Zb) = (Za @ Zb, Za @ Rb + Ra @ Zb)
-        return np.matmul(za, zb), np.matmul(za, rb) + np.matmul(ra, zb)
+        # ⊕_k (Za Zb, Za Rb + Ra Zb) = (Za @ Zb, Za @ Rb + Ra @ Zb).
+        z = np.matmul(za, zb)
+        if np.shape(za) == np.shape(ra) and np.shape(zb) == np.shape(rb):
+            # An R that is a broadcast 0 (that of the seed 1̄, or of 0̄) times a finite Z adds
+            # exactly 0: skip that BLAS call.
+            left = _broadcast_zero(ra) and np.isfinite(zb).all()
+            right = _broadcast_zero(rb) and np.isfinite(za).all()
+            if left and right:
+                return z, np.zeros(z.shape)
+            if left:
+                return z, np.matmul(za, rb)
+            if right:
+                return z, np.matmul(ra, zb)
+        return z, np.matmul(za, rb) + np.matmul(ra, zb)
 
     def read(self, value):
         z, r = (np.asarray(c, dtype=np.float64) for c in value)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            h = np.where(z > 0, np.maximum(np.log(z) + r / z, 0.0), 0.0)  # H ≥ 0: no -1e-16 from rounding
+        zb, rb = np.broadcast_arrays(z, r)
+        h = np.zeros(zb.shape)
+        positive = zb > 0
+        np.divide(rb, zb, out=h, where=positive)
+        h += np.log(zb, where=positive, out=np.zeros(zb.shape))  # log Z + R/Z where Z > 0, else 0
+        np.maximum(h, 0.0, out=h)  # H ≥ 0: no -1e-16 from rounding
         return {"entropy": h, "Z": z, "R": r}
+
+
+def _broadcast_zero(x) -> bool:
+    """x is a broadcast 0 (every stride 0, value 0): a cheap test, no pass over the data."""
+    return isinstance(x, np.ndarray) and x.size > 0 and not any(x.strides) and x.flat[0] == 0

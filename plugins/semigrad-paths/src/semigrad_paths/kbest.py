@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
+from semigrad_server.semiring import kernels
 from semigrad_server.semiring.base import MATMUL_BLOCK_ELEMENTS, Semiring
 
 DEFAULT_K = 3
 MAX_K = 64
+# Up to this k, and on arrays of at least NETWORK_MIN_SIZE_PER_K · k elements, ⊕ and ⊗ are
+# selection networks of elementwise max and min (O(k²) array operations, no sorting); for
+# bigger k or smaller arrays sorting the candidates is faster.
+NETWORK_MAX_K = 16
+NETWORK_MIN_SIZE_PER_K = 96
+# The ⊕-reduce halves with the network for k up to this, on at least this many elements.
+SUM_NETWORK_MAX_K = 4
+SUM_NETWORK_MIN_SIZE = 8192
 
 
 def _pairs(k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -16,7 +26,7 @@ def _pairs(k: int) -> tuple[np.ndarray, np.ndarray]:
     products that can be among the k largest (≥ (i+1)(j+1) - 1 other products are ≥ a_i b_j).
     About k ln k pairs instead of k²."""
     pairs = [(i, j) for i in range(k) for j in range(k) if (i + 1) * (j + 1) <= k]
-    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    return np.array([p[0] for p in pairs], dtype=np.intp), np.array([p[1] for p in pairs], dtype=np.intp)
 
 
 class KBestSemiring(Semiring):
@@ -30,6 +40,12 @@ class KBestSemiring(Semiring):
     Parameter k (int, 1 ≤ k ≤ 64, default 3): `configure({"k": 5})`. As the plugin API
     requires, with k = 1 a value is a bare ndarray (then kbest is max_product).
     read() returns {"value": best product, "kbest": the k values stacked on a last axis}.
+
+    Every operation only selects among exact products a_i · b_j, so any correct algorithm
+    gives the same values. ⊕ and ⊗ are selection networks of max and min for k ≤ 16, the
+    matmul is the server's k-best kernel. Values with a NaN (or, for the matmul, an infinity)
+    take the sort-based reference code (`_*_reference`, the original implementation), which
+    orders NaN last.
     """
 
     name = "kbest"
@@ -71,9 +87,79 @@ class KBestSemiring(Semiring):
         return self._pack((p,) + tuple(np.zeros_like(p) for _ in range(self.k - 1)))
 
     def add(self, a, b):
-        return self._top(np.stack(np.broadcast_arrays(*self.components_of(a), *self.components_of(b))))
+        shape = self._shape_of(a, b)
+        if not self._network(shape):
+            return self._add_reference(a, b)
+        out = _merge(self.components_of(a), self.components_of(b), self.k, shape)
+        if _any_nan(out):
+            return self._add_reference(a, b)
+        return self._pack(tuple(out))
 
     def mul(self, a, b):
+        shape = self._shape_of(a, b)
+        if not self._network(shape):
+            return self._mul_reference(a, b)
+        out = _product_top(self.components_of(a), self.components_of(b), self.k, shape)
+        if _any_nan(out):
+            return self._mul_reference(a, b)
+        return self._pack(tuple(out))
+
+    def _network(self, shape) -> bool:
+        return self.k <= NETWORK_MAX_K and math.prod(shape) >= NETWORK_MIN_SIZE_PER_K * self.k
+
+    def _shape_of(self, *values) -> tuple[int, ...]:
+        return np.broadcast_shapes(*(np.shape(c) for v in values for c in self.components_of(v)))
+
+    def _pack(self, comps: tuple):
+        """A carrier value from its k arrays (a bare ndarray when k = 1)."""
+        return comps[0] if self.k == 1 else comps
+
+    # ------------------------------------------------------------ reductions
+    def sum(self, a, axis, keepdims=False):
+        comps = np.broadcast_arrays(*self.components_of(a))
+        nd = comps[0].ndim
+        axes = sorted({ax % nd for ax in axis}) if nd else []
+        rest = [ax for ax in range(nd) if ax not in axes]
+        shape = tuple(comps[0].shape[ax] for ax in rest)
+        # The ⊕ network costs O(k²) array operations per halving: worth it for small k on big
+        # arrays; otherwise (and for an empty axis) one partition of all the candidates.
+        if self.k > SUM_NETWORK_MAX_K or comps[0].size < SUM_NETWORK_MIN_SIZE or \
+                any(comps[0].shape[ax] == 0 for ax in axes):
+            return self._sum_reference(a, axis, keepdims)
+        # Reduced axes last, flattened into one: pairwise halving with the ⊕ network.
+        parts = [np.transpose(c, rest + axes).reshape(shape + (-1,)) for c in comps]
+        size = parts[0].shape[-1]
+        while size > 1:
+            half = size // 2
+            merged = _merge([p[..., :half] for p in parts], [p[..., half:2 * half] for p in parts], self.k,
+                            shape + (half,))
+            if size % 2:
+                merged = [np.concatenate([m, p[..., 2 * half:]], axis=-1) for m, p in zip(merged, parts)]
+            parts, size = merged, half + size % 2
+        out = [np.array(p[..., 0]) for p in parts]
+        if _any_nan(out):
+            return self._sum_reference(a, axis, keepdims)
+        if keepdims:
+            out = [np.expand_dims(c, tuple(axes)) for c in out]
+        return self._pack(tuple(out))
+
+    def matmul(self, a, b):
+        """out[..., i, j] = the k largest of a_p[..., i, kk] · b_q[..., kk, j] over kk, p, q: the
+        server's k-best kernel (`semigrad_server.semiring.kernels.kbest_matmul`: numba when
+        installed, else NumPy; bounded memory), or the reference for values it does not take
+        (NaN, infinities)."""
+        try:
+            return self._pack(tuple(kernels.kbest_matmul(self.components_of(a), self.components_of(b))))
+        except ValueError:
+            return self._matmul_reference(a, b)
+
+    # ------------------------------------------------------------ the reference algorithms
+    # Sort-based, and the only ones defined for NaN (ordered last by the sorts) and infinities
+    # (inf · 0 = NaN). Kept as they were: the fast paths above must give the same values.
+    def _add_reference(self, a, b):
+        return self._top(np.stack(np.broadcast_arrays(*self.components_of(a), *self.components_of(b))))
+
+    def _mul_reference(self, a, b):
         comps = np.broadcast_arrays(*self.components_of(a), *self.components_of(b))
         left, right = np.stack(comps[: self.k]), np.stack(comps[self.k:])
         return self._top(left[self._i] * right[self._j])
@@ -86,12 +172,7 @@ class KBestSemiring(Semiring):
         best = np.sort(candidates, axis=0)[::-1]
         return self._pack(tuple(best[i] for i in range(k)))
 
-    def _pack(self, comps: tuple):
-        """A carrier value from its k arrays (a bare ndarray when k = 1)."""
-        return comps[0] if self.k == 1 else comps
-
-    # ------------------------------------------------------------ reductions
-    def sum(self, a, axis, keepdims=False):
+    def _sum_reference(self, a, axis, keepdims=False):
         comps = np.broadcast_arrays(*self.components_of(a))
         nd = comps[0].ndim
         axes = sorted({ax % nd for ax in axis}) if nd else []
@@ -107,7 +188,7 @@ class KBestSemiring(Semiring):
             out = self.map(lambda c: np.expand_dims(c, tuple(axes)), out)
         return out
 
-    def matmul(self, a, b):
+    def _matmul_reference(self, a, b):
         """Blocked over the contraction axis so that ⊗ (≈ k ln k candidates per element)
         never holds more than about MATMUL_BLOCK_ELEMENTS values at once."""
         m, kk = self.shape(a)[-2:]
@@ -120,8 +201,8 @@ class KBestSemiring(Semiring):
             stop = min(kk, start + block)
             left = self.map(lambda c: c[..., :, start:stop, None], a)
             right = self.map(lambda c: c[..., None, start:stop, :], b)
-            part = self.sum(self.mul(left, right), axis=(-2,))
-            out = part if out is None else self.add(out, part)
+            part = self._sum_reference(self._mul_reference(left, right), axis=(-2,))
+            out = part if out is None else self._add_reference(out, part)
         if out is None:
             return self.zeros(lead + (m, n))
         return out
@@ -147,3 +228,50 @@ def _check_k(k) -> int:
     if not 1 <= k <= MAX_K:
         raise ValueError(f"parameter 'k' of semiring 'kbest' must be between 1 and {MAX_K}, got {k}")
     return k
+
+
+# ---------------------------------------------------------------- selection networks
+
+
+def _merge(a, b, k: int, shape) -> list[np.ndarray]:
+    """The min(k, len(a) + len(b)) largest of the union of two lists of arrays, each list
+    sorted descending elementwise, as new arrays of `shape` (the broadcast shape).
+
+    The r-th largest (from 0) of the union is max over s of min(a[s-1], b[r-s]): the best way
+    to pick r+1 values, s of them from a and r+1-s from b, is their top ones, and the smallest
+    of those is min(a[s-1], b[r-s]) (a[-1] = b[-1] = +inf: taking none from a list)."""
+    la, lb = len(a), len(b)
+    out, tmp = [], np.empty(shape)
+    for r in range(min(k, la + lb)):
+        acc = None
+        for s in range(max(0, r + 1 - lb), min(r + 1, la) + 1):
+            if s == 0:
+                term = b[r]
+            elif s == r + 1:
+                term = a[r]
+            else:
+                term = np.minimum(a[s - 1], b[r - s], out=tmp)
+            if acc is None:
+                acc = np.empty(shape)
+                np.copyto(acc, term)
+            else:
+                np.maximum(acc, term, out=acc)
+        out.append(acc)
+    return out
+
+
+def _product_top(a, b, k: int, shape) -> list[np.ndarray]:
+    """The k largest of the pairwise products a[p] · b[q] (lists of k arrays sorted descending,
+    non-negative): row p, the products a[p] · b[q] for (p+1)(q+1) ≤ k, is sorted descending
+    in q; the rows are merged with `_merge`."""
+    top = None
+    with np.errstate(invalid="ignore"):  # inf · 0: NaN, and then the reference code (which warns)
+        for p in range(k):
+            row = [np.multiply(a[p], b[q]) for q in range(k // (p + 1))]
+            top = row if top is None else _merge(top, row, k, shape)
+    return top
+
+
+def _any_nan(arrays) -> bool:
+    """Whether any of these arrays holds a NaN (max and min propagate NaN into the outputs)."""
+    return any(c.size and math.isnan(np.max(c)) for c in arrays)

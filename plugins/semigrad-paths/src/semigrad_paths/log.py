@@ -28,8 +28,9 @@ class LogSemiring(Semiring):
     its absolute value. It never overflows or underflows where the real gradient would.
 
     Values are float64 arrays of logs; φ(0) = log 0 = -inf = 0̄ (without warnings).
-    `sum` is a stable log-sum-exp; `matmul` uses BLAS on max-shifted exponentials and
-    recomputes exactly (blocked log-sum-exp) the entries where that could have underflowed.
+    `sum` is a stable log-sum-exp; `matmul` uses BLAS on max-shifted exponentials (one BLAS
+    call, and a second one only when some entry is small enough to be suspect) and recomputes
+    exactly (blocked log-sum-exp) the entries where that could have underflowed.
     """
 
     name = "log"
@@ -66,11 +67,17 @@ class LogSemiring(Semiring):
             bm = np.max(b, axis=-2, keepdims=True, initial=-np.inf)
             am = np.where(np.isfinite(am), am, 0.0)
             bm = np.where(np.isfinite(bm), bm, 0.0)
-            s = np.matmul(np.exp(a - am), np.exp(b - bm))  # every term ≤ 1: no overflow
-            out = np.log(s) + am + bm
-            # An entry is exactly -inf iff every k has a[i,k] = -inf or b[k,j] = -inf.
-            reachable = np.matmul((a > -np.inf).astype(np.float64), (b > -np.inf).astype(np.float64)) > 0
-        suspect = reachable & (s < _UNDERFLOW)
+            left = np.subtract(a, am)
+            right = np.subtract(b, bm)
+            s = np.matmul(np.exp(left, out=left), np.exp(right, out=right))  # every term ≤ 1: no overflow
+            suspect = s < _UNDERFLOW
+            if suspect.any():
+                # An entry is exactly -inf iff every k has a[i,k] = -inf or b[k,j] = -inf; only
+                # the others can have underflowed (one more BLAS call, only when needed).
+                suspect &= np.matmul((a > -np.inf).astype(np.float64), (b > -np.inf).astype(np.float64)) > 0
+            out = np.log(s, out=s)
+            out += am
+            out += bm
         if np.any(suspect):
             _exact_entries(a, b, out, suspect)
         return out

@@ -1,0 +1,211 @@
+"""The numba implementations behind `kernels` (imported only when numba is installed).
+
+Compiled lazily, on the first call of each function, for one argument signature (`kernels`
+always passes C-contiguous read-only inputs, int64 item indices and a fresh C-contiguous
+output), and cached on disk by numba (`cache=True`), so later processes load the machine
+code instead of compiling it again.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# Codes of ⊕ and ⊗ for the shared loop below; each entry point fixes them as constants, so
+# after inlining LLVM drops the branches and vectorises the inner loop.
+ADD_MAX, ADD_MIN = 0, 1
+MUL_MUL, MUL_ADD, MUL_MAX, MUL_MIN = 0, 1, 2, 3
+K_BLOCK = 64  # rows of b per panel: they stay in cache while 4 rows of a sweep them
+
+
+@numba.njit(inline="always")
+def _combine(code, x, y):
+    """⊗. max and min propagate NaN like np.maximum and np.minimum (`|`, not `or`: no branch)."""
+    if code == MUL_MUL:
+        return x * y
+    if code == MUL_ADD:
+        return x + y
+    if code == MUL_MAX:
+        return x if ((x > y) | (x != x)) else y
+    return x if ((x < y) | (x != x)) else y
+
+
+@numba.njit(inline="always")
+def _accumulate(code, v, acc):
+    """acc ⊕ v, NaN-propagating: once the accumulator is NaN nothing replaces it."""
+    if code == ADD_MAX:
+        return v if ((v > acc) | (v != v)) else acc
+    return v if ((v < acc) | (v != v)) else acc
+
+
+@numba.njit(inline="always")
+def _tropical(a, b, ia, ib, zero, out, add, mul):
+    """out[t, i, j] = ⊕_k a[ia[t], i, k] ⊗ b[ib[t], k, j], from `zero`. Blocked over k (a
+    panel of b stays in cache) and over 4 rows of a (each b element is loaded once for 4
+    output rows); the inner loop runs along the contiguous rows of b and out."""
+    items, m, n = out.shape
+    kc = a.shape[2]
+    for t in range(items):
+        at = a[ia[t]]
+        bt = b[ib[t]]
+        ot = out[t]
+        for i in range(m):
+            row = ot[i]
+            for j in range(n):
+                row[j] = zero
+        for k0 in range(0, kc, K_BLOCK):
+            k1 = min(kc, k0 + K_BLOCK)
+            i0 = 0
+            while i0 + 4 <= m:
+                r0 = ot[i0]
+                r1 = ot[i0 + 1]
+                r2 = ot[i0 + 2]
+                r3 = ot[i0 + 3]
+                for kk in range(k0, k1):
+                    x0 = at[i0, kk]
+                    x1 = at[i0 + 1, kk]
+                    x2 = at[i0 + 2, kk]
+                    x3 = at[i0 + 3, kk]
+                    brow = bt[kk]
+                    for j in range(n):
+                        y = brow[j]
+                        r0[j] = _accumulate(add, _combine(mul, x0, y), r0[j])
+                        r1[j] = _accumulate(add, _combine(mul, x1, y), r1[j])
+                        r2[j] = _accumulate(add, _combine(mul, x2, y), r2[j])
+                        r3[j] = _accumulate(add, _combine(mul, x3, y), r3[j])
+                i0 += 4
+            for i in range(i0, m):
+                row = ot[i]
+                for kk in range(k0, k1):
+                    x = at[i, kk]
+                    brow = bt[kk]
+                    for j in range(n):
+                        row[j] = _accumulate(add, _combine(mul, x, brow[j]), row[j])
+
+
+_OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+@numba.njit(**_OPTIONS)
+def max_mul(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MUL)
+
+
+@numba.njit(**_OPTIONS)
+def max_add(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_ADD)
+
+
+@numba.njit(**_OPTIONS)
+def max_max(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MAX)
+
+
+@numba.njit(**_OPTIONS)
+def max_min(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MIN)
+
+
+@numba.njit(**_OPTIONS)
+def min_mul(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MUL)
+
+
+@numba.njit(**_OPTIONS)
+def min_add(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_ADD)
+
+
+@numba.njit(**_OPTIONS)
+def min_max(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MAX)
+
+
+@numba.njit(**_OPTIONS)
+def min_min(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MIN)
+
+
+@numba.njit(**_OPTIONS)
+def kbest(a, b0, bt, ia, ib, blocks, out):
+    """out[:, t, i, j] = the k largest of a[p, ia[t], i, kk] · bt[q, ib[t], j, kk] over kk, p, q,
+    descending, 0-padded. a and bt hold k lists sorted descending in p (in q), non-negative;
+    b0 = bt[0] transposed: (items, kk, n).
+
+    Per row i of the output:
+    1. best[blk, j] = the largest head a_0 · b_0 in each of `blocks` blocks of kk (vectorised
+       over j, like `max_mul`).
+    2. bound[j] = the k-th largest of best[:, j] (0 with fewer than k blocks): the smallest of
+       k products from different kk, so at most the k-th best value (a max-min insertion
+       network, vectorised over j).
+    3. Per j, the k best start as k copies of the bound: candidates ≤ bound cannot change the
+       k best values (when fewer than k candidates exceed it, the values between it and the
+       k-th best all equal it). A product a_p · b_q ≤ a_0 · b_0 and decreases with p and q,
+       so only blocks whose best head exceeds the current k-th value are scanned, in them
+       only kk whose head does, and within a kk a product ≤ it ends its row of q (and the
+       loop over p when q = 0). A value equal to it is skipped: the values stay the same."""
+    k = a.shape[0]
+    kc = a.shape[3]
+    items, m, n = out.shape[1], out.shape[2], out.shape[3]
+    kb = (kc + blocks - 1) // blocks
+    best = np.empty((blocks, n))
+    bound = np.empty((k, n))
+    top = np.empty(k)
+    for t in range(items):
+        ta = ia[t]
+        tb = ib[t]
+        for i in range(m):
+            a0 = a[0, ta, i]
+            for blk in range(blocks):  # 1.
+                row = best[blk]
+                for j in range(n):
+                    row[j] = 0.0
+                for kk in range(blk * kb, min(kc, (blk + 1) * kb)):
+                    x = a0[kk]
+                    brow = b0[tb, kk]
+                    for j in range(n):
+                        v = x * brow[j]
+                        row[j] = v if v > row[j] else row[j]
+            for r in range(k):  # 2. bound[r] = the (r+1)-th largest so far
+                for j in range(n):
+                    bound[r, j] = 0.0
+            for blk in range(blocks):
+                v = best[blk]
+                for r in range(k - 1, 0, -1):
+                    cur = bound[r]
+                    prev = bound[r - 1]
+                    for j in range(n):
+                        c = prev[j] if prev[j] < v[j] else v[j]
+                        cur[j] = c if c > cur[j] else cur[j]
+                cur = bound[0]
+                for j in range(n):
+                    cur[j] = v[j] if v[j] > cur[j] else cur[j]
+            for j in range(n):  # 3.
+                last = bound[k - 1, j]
+                for r in range(k):
+                    top[r] = last
+                bj = bt[0, tb, j]
+                for blk in range(blocks):
+                    if best[blk, j] <= last:
+                        continue
+                    for kk in range(blk * kb, min(kc, (blk + 1) * kb)):
+                        if a0[kk] * bj[kk] <= last:
+                            continue
+                        for p in range(k):
+                            ap = a[p, ta, i, kk]
+                            q = 0
+                            while q < k // (p + 1):
+                                v = ap * bt[q, tb, j, kk]
+                                if v <= last:
+                                    break
+                                r = k - 1  # insert v, shifting the smaller ones down
+                                while r > 0 and top[r - 1] < v:
+                                    top[r] = top[r - 1]
+                                    r -= 1
+                                top[r] = v
+                                last = top[k - 1]
+                                q += 1
+                            if q == 0:  # a_p · b_0 ≤ last: so is every a_p' · b_q, p' ≥ p
+                                break
+                for r in range(k):
+                    out[r, t, i, j] = top[r]
