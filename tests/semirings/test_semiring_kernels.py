@@ -482,3 +482,16 @@ def test_backward_passes_through_the_kernels_equal_path_enumeration(registry, en
                                                    atol=0, err_msg=f"seed {seed}, d/d{x}{list(full)}: {key}")
     used = sum(counted(kernel, implementation) for kernel in ("tropical_matmul", "kbest_matmul"))
     assert used > before
+
+
+@pytest.mark.parametrize("shape, axis, kept", [((0, 4), (1,), (0,)), ((2, 0, 4), (2,), (2, 0)),
+                                               ((2, 0, 4), (1,), (2, 4)), ((3, 4), (0, 1), ())])
+def test_kbest_sum_with_empty_axes(shape, axis, kept):
+    """An empty axis, reduced or kept: the k best of no candidates are 0̄; of twelve ones, ones."""
+    s = kbest_module.KBestSemiring(3)
+    out = s.sum(s.lift(np.ones(shape)), axis)
+    assert s.shape(out) == kept
+    reduced = math.prod(shape[a] for a in axis)
+    want = [np.full(kept, 1.0 if i < reduced else 0.0) for i in range(3)]
+    for got, expected in zip(s.components_of(out), want):
+        np.testing.assert_array_equal(got, expected)

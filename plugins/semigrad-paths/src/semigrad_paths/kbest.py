@@ -179,7 +179,8 @@ class KBestSemiring(Semiring):
         stacked = np.stack(comps)  # (k, *shape)
         moved = np.moveaxis(stacked, [ax + 1 for ax in axes], list(range(1, len(axes) + 1)))
         rest = moved.shape[1 + len(axes):]
-        candidates = moved.reshape((-1,) + rest)  # k · (reduced size) candidates
+        count = moved.shape[0] * math.prod(moved.shape[1:1 + len(axes)])  # k · (reduced size) candidates
+        candidates = moved.reshape((count,) + rest)  # (an explicit count: rest may hold a 0)
         if candidates.shape[0] == 0:
             out = self.zeros(rest)
         else:
