@@ -85,6 +85,10 @@ def _tropical(a, b, ia, ib, zero, out, add, mul):
 
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
+# One top-level entry point per (⊕, ⊗) pair, written out: numba folds the constant operators
+# into each compiled loop, and its on-disk cache needs functions defined at module level (a
+# factory making them in a loop would recompile in every process).
+
 
 @numba.njit(**_OPTIONS)
 def max_mul(a, b, ia, ib, zero, out):
