@@ -550,3 +550,43 @@ def test_the_server_keeps_a_bounded_cache_of_mappings_and_drops_removed_regions(
     shared.close()
     for r in regions:
         r.close()
+
+
+@pytest.mark.parametrize("backend", ["tensor", "jit"])
+def test_results_computed_in_the_output_region_are_not_copied_again(server_address, stub, region, rng,
+                                                                     monkeypatch, backend):
+    """With an output region offered, kernels write their results straight into it (the tensor
+    plan's final ufunc steps, the JIT's row-major kernels); the response references them there."""
+    if backend == "jit":
+        pytest.importorskip("numba")
+        from semigrad_server.runtime import jit
+
+        monkeypatch.setattr(jit, "LAYOUTS", ("tiles",))  # row-major results (columns would be copied)
+    from semigrad_server.service import shared_memory as server_sm
+
+    g = sg.Graph()
+    x = g.input("x", (4,))
+    g.output("outer", sg.reshape(x, (4, 1)) * sg.reshape(x, (1, 4)) + (1.0 if backend == "jit" else 0.0))
+    f = sg.Client(server_address).register(g)  # (a graph of each test's own: its kernels compile here)
+    xs = rng.normal(size=(300, 4))
+    in_place = []
+    original = server_sm.Writer.place
+
+    def place(self, value):
+        in_place.append(np.asarray(value).__array_interface__["data"][0] in self._allocated)
+        return original(self, value)
+
+    monkeypatch.setattr(server_sm.Writer, "place", place)
+    request = pb.GradientRequest(graph_id=f.id, inputs={"x": put(region, xs, 0)}, return_outputs=True,
+                                 backend=backend, output_region=pb.SharedMemoryRegion(
+                                     region=region.name, offset=65536, capacity=region.size - 65536))
+    for _ in range(2):  # the JIT compiles on the first request
+        in_place.clear()
+        response = stub.Gradient(request)
+    assert any(in_place), in_place
+    offset = 1.0 if backend == "jit" else 0.0
+    np.testing.assert_allclose(read(region, response.outputs["outer"]), xs[:, :, None] * xs[:, None, :] + offset,
+                               rtol=1e-15)
+    np.testing.assert_allclose(read(region, response.gradients["x"]), 2 * xs.sum(axis=1, keepdims=True) * np.ones(4),
+                               rtol=1e-13)
+    np.testing.assert_array_equal(region.array(np.dtype("<f8"), xs.shape, 0), xs)  # the inputs are as they were

@@ -6,6 +6,7 @@ It knows nothing of gRPC: arrays in, arrays out, errors from `errors`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -29,6 +30,7 @@ from .hooks.loader import default_registry as default_hooks
 from .hooks.run import HookRun
 from .ops.hook_ops import HookSlot, hook_registry
 from .runtime import Plan
+from .runtime.allocation import results_in
 from .runtime.compiled import BACKENDS, compile_executable
 from .semiring.loader import SemiringRegistry, default_registry
 from .symbolic.custom import registry_for
@@ -231,14 +233,16 @@ class Engine:
             cg.checked[memo] = checked
             return self._plain_gradient(checked, batch.arrays, deadline, backend)
         run = hook_run or HookRun()
-        if slots:
-            token = hooks_run.CURRENT.set(run)
-            try:
+        # Best paths read every adjoint and value: scratch, not results for a caller's region.
+        with results_in(None) if best_paths else contextlib.nullcontext():
+            if slots:
+                token = hooks_run.CURRENT.set(run)
+                try:
+                    results = self._run(compiled.plan, batch, deadline, backend)
+                finally:
+                    hooks_run.CURRENT.reset(token)
+            else:
                 results = self._run(compiled.plan, batch, deadline, backend)
-            finally:
-                hooks_run.CURRENT.reset(token)
-        else:
-            results = self._run(compiled.plan, batch, deadline, backend)
         result = GradientResult()
         real = s.name == "real"
         for x in wrt:

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from .allocation import result_array, results_in
 from .codegen import FLOAT_FNS, INFIX
 from .scalarize import ScalarProgram
 
@@ -66,8 +67,8 @@ class Kernel:
     def run(self, arrays: list[np.ndarray], n: int) -> list[np.ndarray]:
         """arrays[k]: (n, size) when batched, else (1, size); returns (n, size) per output."""
         p = self.p
-        if self.layout in ("rows", "tiles"):
-            outs = [np.empty((n, ids.size), dtype=dtype) for (_, _, ids), dtype in zip(p.outputs, p.output_dtypes)]
+        if self.layout in ("rows", "tiles"):  # row-major results: possibly straight into the response's region
+            outs = [result_array((n, ids.size), dtype) for (_, _, ids), dtype in zip(p.outputs, p.output_dtypes)]
             self.function(*arrays, *outs)
             return outs
         columns = [readonly(np.ascontiguousarray(a.T)) for a in arrays]
@@ -124,6 +125,11 @@ class JitProgram:
             layouts = ("rows",)  # one item: nothing to tile
         else:
             layouts = LAYOUTS if streams <= MAX_COLUMN_STREAMS else ("tiles",)
+        with results_in(None):  # tuning runs' results are scratch, wherever the request's results go
+            return self._time_layouts(batched, layouts)
+
+    def _time_layouts(self, batched: tuple[bool, ...], layouts: tuple[str, ...]) -> Kernel:
+        p = self.p
         arrays = _synthetic_inputs(p, batched, TUNING_ITEMS)
         timed = []
         for layout in layouts:

@@ -16,6 +16,8 @@ import numpy as np
 from ..errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
+from . import allocation
+from .allocation import result_array
 from .fusion import FusedKernel, fusion_groups
 
 CHECK_EVERY = 64  # steps between deadline checks
@@ -63,6 +65,7 @@ class Plan:
         for duplicate, original in same_as.items():
             slots[duplicate] = slots[original]
         self.output_slots = [(name, slots[ref]) for name, ref in outputs]
+        self.output_slot_set = frozenset(slot for _, slot in self.output_slots)
         self.n_slots = len(slots)
         self.types = {ref: types[ref] for ref in slots}
         self.item_elements = sum(t.size for t in self.types.values()) or 1
@@ -122,6 +125,7 @@ class Plan:
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
             backend: str = "tensor", shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
         env: list = [None] * self.n_slots
+        allocating = allocation.active()  # results go where the request wants them
         for slot, value in self.constants:
             env[slot] = value
         for name, slot in self.input_slots:
@@ -131,7 +135,13 @@ class Plan:
                 if deadline is not None and i % CHECK_EVERY == 0 and time.monotonic() > deadline:
                     raise DeadlineExceeded(f"deadline exceeded at node '{step.node_id}' ({i}/{len(self.steps)} steps)")
                 try:
-                    if step.reuse:
+                    if allocating and step.out in self.output_slot_set and isinstance(step.kernel, np.ufunc) \
+                            and step.kernel.nout == 1:
+                        args = [env[a] for a in step.args]
+                        out = result_array(np.broadcast_shapes(*(np.shape(x) for x in args)), step.dtype)
+                        env[step.out] = step.kernel(*args, out=out)
+                        del args
+                    elif step.reuse:
                         args = [env[a] for a in step.args]
                         out = _dead_buffer(args, step)
                         del args  # references of its own would defeat the check of the next step

@@ -16,6 +16,7 @@ from ..hooks.run import HookRun
 from ..inspect.describe import describe
 from ..inspect.draw import draw
 from ..ops import REGISTRY
+from ..runtime.allocation import results_in
 from ..symbolic.crosscheck import crosscheck
 from ..symbolic.custom import custom_ops
 from ..symbolic.formulas import symbolic_gradient
@@ -87,9 +88,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         with self.shared_memory.session() as shared:
             inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
-            outputs, nodes = self.engine.evaluate(
-                request.graph_id, inputs, outputs=list(request.outputs), nodes=list(request.nodes),
-                deadline=deadline_of(context), backend=request.backend)
+            with results_in(writer.allocate if writer is not None else None):
+                outputs, nodes = self.engine.evaluate(
+                    request.graph_id, inputs, outputs=list(request.outputs), nodes=list(request.nodes),
+                    deadline=deadline_of(context), backend=request.backend)
             return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs, writer),
                                        nodes=convert.arrays_to_tensors(nodes, writer))
 
@@ -104,15 +106,19 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
             seeds = convert.tensors_to_arrays(request.seeds, "seed", shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
-            result = self.engine.gradient(
-                request.graph_id, inputs, wrt=list(request.wrt), seeds=seeds, outputs=list(request.outputs),
-                return_outputs=request.return_outputs, semiring=request.semiring,
-                semiring_params=convert.params_from_proto(request.semiring_params),
-                return_components=request.return_components,
-                best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
-                deadline=deadline, backend=request.backend, retain=list(request.retain),
-                hooks=convert.hooks_from_proto(request.hooks), hook_run=hook_run)
+            with results_in(writer.allocate if writer is not None else None):
+                result = self._engine_gradient(request, inputs, seeds, deadline, hook_run)
             return convert.gradient_response(result, writer)
+
+    def _engine_gradient(self, request, inputs, seeds, deadline, hook_run):
+        return self.engine.gradient(
+            request.graph_id, inputs, wrt=list(request.wrt), seeds=seeds, outputs=list(request.outputs),
+            return_outputs=request.return_outputs, semiring=request.semiring,
+            semiring_params=convert.params_from_proto(request.semiring_params),
+            return_components=request.return_components,
+            best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
+            deadline=deadline, backend=request.backend, retain=list(request.retain),
+            hooks=convert.hooks_from_proto(request.hooks), hook_run=hook_run)
 
     def _plain_gradient(self, request, deadline):
         """Real gradients without options, the request most clients send: the same answer as the

@@ -274,13 +274,38 @@ class Writer:
         self._m = mapping
         self._next = start
         self._end = end
+        self._allocated: dict[int, int] = {}  # data address of an array handed out -> its offset
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """A writable array in the region, for a result the engine computes in place (no copy at
+        `place`), or None when it does not fit or the dtype does not travel as it is."""
+        dtype = np.dtype(dtype)
+        try:
+            if codec.wire_dtype(codec.dtype_name(dtype)) != dtype:
+                return None
+        except TypeError:
+            return None
+        count = math.prod(shape)
+        start = -(-self._next // ALIGNMENT) * ALIGNMENT
+        if count == 0 or start + count * dtype.itemsize > self._end:
+            return None
+        array = np.frombuffer(self._m.mm, dtype=dtype, count=count, offset=start).reshape(shape)
+        self._allocated[array.__array_interface__["data"][0]] = start
+        self._next = start + count * dtype.itemsize
+        return array
 
     def place(self, value) -> pb.Tensor | None:
         """Copy `value` into the region and return a Tensor referencing it, or None when it does not
-        fit (or is empty): the caller sends it inline. Encodes like codec.to_tensor."""
+        fit (or is empty): the caller sends it inline. Encodes like codec.to_tensor. An array the
+        engine wrote in place (see `allocate`) is referenced where it is."""
         array = np.asarray(value)
         name = codec.value_dtype_name(array.dtype)
         wire = codec.wire_dtype(name)
+        if array.flags.c_contiguous and array.dtype == wire and array.size:
+            start = self._allocated.get(array.__array_interface__["data"][0])
+            if start is not None:
+                return pb.Tensor(dtype=codec.dtype_to_proto(name), shape=array.shape,
+                                 shared=pb.SharedMemoryRef(region=self._m.name, offset=start))
         nbytes = array.size * wire.itemsize
         start = -(-self._next // ALIGNMENT) * ALIGNMENT
         if nbytes == 0 or start + nbytes > self._end:
