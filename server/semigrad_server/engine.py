@@ -349,7 +349,9 @@ class Engine:
         with cg.lock:
             cg.plans[key] = built
             while len(cg.plans) > self.limits.max_plans_per_graph:
-                cg.plans.popitem(last=False)
+                _, evicted = cg.plans.popitem(last=False)
+                # remembered requests must not keep an evicted plan alive past the limit
+                cg.checked = {memo: c for memo, c in cg.checked.items() if c.compiled is not evicted}
         return built
 
     def _run(self, plan, batch: Batch, deadline: float | None, backend: str = "auto"):

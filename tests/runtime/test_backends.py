@@ -248,3 +248,22 @@ def test_a_remembered_request_still_runs_the_compiled_kernel(monkeypatch, rng, s
         got = engine.gradient(cg.id, {"A": batch}, backend=spelling).gradients["A"]
         np.testing.assert_allclose(got, det_gradient(batch), rtol=1e-10, atol=1e-12)
     assert runs == [300, 300]
+
+
+def test_remembered_requests_do_not_outlive_their_evicted_plans(rng):
+    from semigrad_server.engine import Engine
+    from semigrad_server.limits import Limits
+    from semigrad_server.service.convert import graph_from_proto
+
+    g = sg.Graph()
+    x, y = g.input("x", (3,)), g.input("y", (3,))
+    g.output("z", sg.sum(sg.sin(x) * y))
+    engine = Engine(Limits(max_plans_per_graph=1))
+    cg, _ = engine.register(graph_from_proto(g.to_proto()))
+    inputs = {"x": rng.normal(size=3), "y": rng.normal(size=3)}
+    for wrt in (["x"], ["y"], ["x"]):
+        got = engine.gradient(cg.id, inputs, wrt=wrt).gradients[wrt[0]]
+        want = np.cos(inputs["x"]) * inputs["y"] if wrt == ["x"] else np.sin(inputs["x"])
+        np.testing.assert_allclose(got, want, rtol=1e-14)
+        assert len(cg.plans) == 1
+        assert all(c.compiled in cg.plans.values() for c in cg.checked.values())
