@@ -101,20 +101,22 @@ def generate_source(p: ScalarProgram, flavour: str) -> str:
             target = f"r{counter}"
             counter += 1
         names[var] = target
-        lines.append(f"    {target} = {_expression(op, operands, flavour)}")
+        lines.append(f"    {target} = {expression(op, operands, flavour)}")
     outs = ", ".join("(" + ", ".join(name_of(int(v)) for v in ids.reshape(-1)) + ("," if ids.size == 1 else "") + ")"
                      for _, _, ids in p.outputs)
     lines.append(f"    return ({outs}{',' if len(p.outputs) == 1 else ''})")
     return "\n".join(lines) + "\n"
 
 
-def _expression(op: str, operands: list[str], flavour: str) -> str:
+def expression(op: str, operands: list[str], flavour: str) -> str:
+    """Source of one instruction. Flavours: "floats" and "arrays" call functions from the table
+    `F`; "compiled" (numba) calls module-level `F_<op>` names (see jit.compile_function)."""
     if op in INFIX:
         return INFIX[op].format(*operands)
-    if op == "where":
-        if flavour == "floats":
-            return f"({operands[1]} if {operands[0]} else {operands[2]})"
-        return f"F['where']({', '.join(operands)})"
+    if op == "where" and flavour != "arrays":
+        return f"({operands[1]} if {operands[0]} else {operands[2]})"
+    if flavour == "compiled":
+        return f"F_{op}({', '.join(operands)})"
     return f"F[{op!r}]({', '.join(operands)})"
 
 

@@ -10,7 +10,7 @@ same IEEE operations as NumPy's.
 
 from __future__ import annotations
 
-import math
+import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -20,8 +20,10 @@ import numpy as np
 
 from ..ir import Node, Type
 from ..ops.base import align
-from .codegen import INFIX
-from .jit import AVAILABLE, _jitted_functions, numba
+from .codegen import INFIX, expression
+from .jit import AVAILABLE, compile_function, numba
+
+log = logging.getLogger("semigrad.runtime")
 
 FUSIBLE_KINDS = ("elementwise", "comparison")
 # Arithmetic, comparisons and selections only: NumPy evaluates exp, tanh, sin... with its own
@@ -119,9 +121,13 @@ class FusedKernel:
         threading.Thread(target=self._compile, daemon=True, name="semigrad-jit").start()
 
     def _compile(self) -> None:
-        ufunc = compile_group(self.group, self.signature)
-        with np.errstate(all="ignore"):  # the first call compiles the ufunc's loop; make it here
-            ufunc(*(np.ones(1, dtype=d) for d in self.leaf_dtypes))
+        try:
+            ufunc = compile_group(self.group, self.signature)
+            with np.errstate(all="ignore"):  # the first call compiles the ufunc's loop; make it here
+                ufunc(*(np.ones(1, dtype=d) for d in self.leaf_dtypes))
+        except Exception:  # the group keeps running node by node, as before
+            log.warning("fused group ending at node '%s' did not compile", self.group.root, exc_info=True)
+            return
         self.ufunc = ufunc
 
 
@@ -130,22 +136,11 @@ def _numba_type(dtype: str) -> str:
 
 
 def compile_group(group: Group, signature: str):
-    """One numba ufunc evaluating the group's tree per element. Only our own op names and
-    generated variable names reach the source, never text from a request."""
+    """One numba ufunc evaluating the group's tree per element."""
     names = {ref: f"a{k}" for k, ref in enumerate(group.leaves)}
     lines = [f"def fused({', '.join(names[r] for r in group.leaves)}):"]
     for k, node in enumerate(group.members):
-        operands = [names[r] for r in node.inputs]
-        if node.op in INFIX:
-            expr = INFIX[node.op].format(*operands)
-        elif node.op == "where":
-            expr = f"({operands[1]} if {operands[0]} else {operands[2]})"
-        else:
-            expr = f"F_{node.op}({', '.join(operands)})"
+        lines.append(f"    v{k} = {expression(node.op, [names[r] for r in node.inputs], 'compiled')}")
         names[node.id] = f"v{k}"
-        lines.append(f"    v{k} = {expr}")
     lines.append(f"    return {names[group.root]}")
-    namespace = {"math": math, **{f"F_{k}": v for k, v in _jitted_functions().items()}}
-    exec(compile("\n".join(lines) + "\n", "<semigrad fused group>", "exec"), namespace)  # our own generated code
-    scalar = numba.njit(error_model="numpy")(namespace["fused"])
-    return numba.vectorize([signature])(scalar)
+    return numba.vectorize([signature])(compile_function(lines, "fused group", "fused"))

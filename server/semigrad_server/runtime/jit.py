@@ -18,6 +18,7 @@ Three memory layouts, chosen per kernel by timing them on a synthetic batch:
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -25,7 +26,7 @@ import time
 import numpy as np
 
 from .allocation import result_array, results_in
-from .codegen import FLOAT_FNS, INFIX
+from .codegen import FLOAT_FNS, expression
 from .scalarize import ScalarProgram
 
 try:
@@ -51,9 +52,19 @@ def readonly(a: np.ndarray) -> np.ndarray:
     return view
 
 
+@functools.lru_cache(maxsize=1)
 def _jitted_functions() -> dict:
-    return {name: (fn if fn in (abs, ) or getattr(fn, "__module__", "") == "math" else numba.njit(fn))
+    """`F_<op>` for generated code: math's functions as they are, ours compiled once per process."""
+    return {f"F_{name}": (fn if fn in (abs, ) or getattr(fn, "__module__", "") == "math" else numba.njit(fn))
             for name, fn in FLOAT_FNS.items()}
+
+
+def compile_function(lines: list[str], label: str, entry: str, **options):
+    """numba-compile the generated function `entry` defined by `lines` (IEEE error model). Only
+    our own op names, numbers and variable names reach the source, never text from a request."""
+    namespace = {"numba": numba, "math": math, "np": np, **_jitted_functions()}
+    exec(compile("\n".join(lines) + "\n", f"<semigrad {label}>", "exec"), namespace)  # our own generated code
+    return numba.njit(error_model="numpy", **options)(namespace[entry])
 
 
 class Kernel:
@@ -170,7 +181,7 @@ def _compile(p: ScalarProgram, batched: tuple[bool, ...], layout: str):
         # and the outputs are copied back. Local arrays cannot alias the caller's, and a tile
         # stays in L1: det by minors n=7, gradient ~2.7x the rows layout.
         tiled_in = [k for k, b in enumerate(batched) if b]
-        lines.append(f"    n = Y0.shape[0]")
+        lines.append("    n = Y0.shape[0]")
         for k in tiled_in:
             lines.append(f"    A{k} = np.empty(({p.inputs[k][2].size}, {TILE}), dtype=X{k}.dtype)")
         for k, (_, _, ids) in enumerate(p.outputs):
@@ -194,9 +205,7 @@ def _compile(p: ScalarProgram, batched: tuple[bool, ...], layout: str):
 
         lines += _body(p, lambda k, j: element(f"X{k}", "b" if batched[k] else "0", j),
                        lambda k, j: element(f"Y{k}", "b", j), "        ")
-    namespace = {"numba": numba, "math": math, "np": np, **{f"F_{k}": v for k, v in _jitted_functions().items()}}
-    exec(compile("\n".join(lines) + "\n", "<semigrad jit program>", "exec"), namespace)  # our own generated code
-    return numba.njit(error_model="numpy", fastmath=False, cache=False)(namespace["kernel"])
+    return compile_function(lines, "jit program", "kernel", fastmath=False, cache=False)
 
 
 def _body(p: ScalarProgram, read, write, indent: str) -> list[str]:
@@ -218,14 +227,7 @@ def _body(p: ScalarProgram, read, write, indent: str) -> list[str]:
             lines.append(f"{indent}i{int(var)} = {read(k, j)}")
     for var, op, args in p.instrs:
         names[var] = f"v{var}"
-        operands = [name_of(a) for a in args]
-        if op in INFIX:
-            expr = INFIX[op].format(*operands)
-        elif op == "where":
-            expr = f"({operands[1]} if {operands[0]} else {operands[2]})"
-        else:
-            expr = f"F_{op}({', '.join(operands)})"
-        lines.append(f"{indent}v{var} = {expr}")
+        lines.append(f"{indent}v{var} = {expression(op, [name_of(a) for a in args], 'compiled')}")
     for k, (_, _, ids) in enumerate(p.outputs):
         for j, var in enumerate(ids.reshape(-1)):
             lines.append(f"{indent}{write(k, j)} = {name_of(int(var))}")
