@@ -14,7 +14,7 @@ from ..ir import Graph, Node, Type
 from ..ops import Registry
 from ..errors import FailedPrecondition
 from .codegen import compile_program, const_table, functions
-from .jit import JitProgram, readonly
+from .jit import JitProgram
 from .plan import Plan
 from .scalarize import NotScalarizable, ScalarProgram, scalarize
 
@@ -53,7 +53,7 @@ class ScalarExecutable:
                 return self._run_single_kernel(inputs)
             leads, batch = [()] * len(p.inputs), ()
         else:
-            leads = [inputs[name].shape[: inputs[name].ndim - len(shape)] for name, shape, _ in p.inputs]
+            leads = [inputs[name].shape[: inputs[name].ndim - len(item)] for name, item, _ in p.inputs]
             distinct = {lead for lead in leads if lead}
             batch = (distinct.pop() if len(distinct) == 1 else tuple(np.broadcast_shapes(*distinct))) if distinct else ()
         if backend == "jit" or (backend == "auto" and self.jit is not None and self._jit_pays(batch)):

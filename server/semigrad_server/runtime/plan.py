@@ -187,8 +187,7 @@ CSE_KINDS = frozenset({"elementwise", "comparison", "structural", "reduction", "
 def _common_subexpressions(order: Sequence[Node], attrs: Mapping[str, dict], registry: Registry):
     """Nodes computing what an earlier node computes (same op, attributes and operands) are
     dropped; returns the remaining order (operands renamed to the ids kept) and {dropped id:
-    the id whose value it reuses}. Values
-    are bit-identical; hooks never merge (they have effects)."""
+    the id whose value it reuses}. Values are bit-identical; hooks never merge (they have effects)."""
     seen: dict[tuple, str] = {}
     same_as: dict[str, str] = {}
     kept = []

@@ -128,10 +128,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                 request.graph_id, convert.tensors_to_arrays(request.inputs, "input", shared), wrt=request.wrt,
                 outputs=request.outputs, return_outputs=request.return_outputs, deadline=deadline,
                 backend=request.backend)
-            if result.outputs:
-                return pb.GradientResponse(gradients=convert.arrays_to_tensors(result.gradients),
-                                           outputs=convert.arrays_to_tensors(result.outputs))
-            return pb.GradientResponse(gradients=convert.arrays_to_tensors(result.gradients))
+            return pb.GradientResponse(gradients=convert.arrays_to_tensors(result.gradients),
+                                       outputs=convert.arrays_to_tensors(result.outputs))
 
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK
