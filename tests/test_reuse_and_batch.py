@@ -44,9 +44,14 @@ def test_multiple_batch_dimensions(client, rng):
 
 
 @pytest.mark.parametrize("batch", [(), (300,)], ids=["single", "batched"])
-def test_plain_requests_take_a_shorter_path_to_the_same_bits(client, rng, batch):
+def test_plain_requests_take_a_shorter_path_to_the_same_bits(client, rng, batch, monkeypatch):
     """The server answers option-free real gradient requests through a short path; an explicit
     seed of ones (the default cotangent) sends the same question through the general path."""
+    from semigrad_server.service.servicer import GraphServicer
+
+    short = []
+    original = GraphServicer._plain_gradient
+    monkeypatch.setattr(GraphServicer, "_plain_gradient", lambda self, *a: short.append(1) or original(self, *a))
     f = client.register(det_graph(4))
     for _ in range(3):
         a = rng.normal(size=batch + (4, 4))
@@ -55,3 +60,4 @@ def test_plain_requests_take_a_shorter_path_to_the_same_bits(client, rng, batch)
         np.testing.assert_array_equal(plain["A"], general["A"])
         np.testing.assert_array_equal(plain_out["det"], general_out["det"])
         np.testing.assert_allclose(plain["A"], det_gradient(a), rtol=1e-10, atol=1e-12)
+    assert len(short) == 3  # one per plain request, none for the seeded ones
