@@ -200,6 +200,25 @@ def median_time(call: Callable, *, runs: int, budget: float, max_runs: int = 15)
     return samples[len(samples) // 2], len(samples)
 
 
+def paired_median_times(calls: tuple[Callable, Callable], *, runs: int, budget: float,
+                        max_runs: int = 15) -> tuple[float, float, int]:
+    """Median wall times of two calls timed in alternation (one of each, repeated; at least `runs`
+    pairs, more up to `max_runs` while less than `budget` seconds have been spent), so that both
+    see the same machine load and their ratio means something on a noisy machine."""
+    gc.collect()
+    first: list[float] = []
+    second: list[float] = []
+    while len(first) < runs or (sum(first) + sum(second) < budget and len(first) < max_runs):
+        t0 = time.perf_counter()
+        calls[0]()
+        t1 = time.perf_counter()
+        calls[1]()
+        t2 = time.perf_counter()
+        first.append(t1 - t0)
+        second.append(t2 - t1)
+    return statistics.median(first), statistics.median(second), len(first)
+
+
 def warm_up(call: Callable, calls: int) -> tuple[list[float], object]:
     """`calls` untimed calls (each followed by settle()); their wall times and the last result."""
     times, result = [], None
@@ -363,24 +382,29 @@ def measure(impl: Impl, w: Workload, single: dict, batch: dict, refs: dict, args
             row.latency, row.latency_reps = median_latency(prep.single, budget=args.budget,
                                                            min_reps=args.min_reps)
         slow = (row.first_batch_s or 0) > 2.0  # one warm-up call is enough for slow calls
+        warm_grad = warm_fwd = None
         if prep.batch is not None:
-            warm, res = warm_up(prep.batch, 1 if slow else 2)
+            warm_grad, res = warm_up(prep.batch, 1 if slow else 2)
             row.worst_err = max(row.worst_err, compare(f"{impl.label}, {w.name}, batched gradient (warm)",
                                                        prep.batch_grads(res), refs["batch"], True))
             del res
-            t, row.batch_runs = median_time(prep.batch, runs=args.runs, budget=args.batch_budget)
-            row.throughput = B / t
-            if warm[0] > 3 * B / row.throughput and warm[0] > 0.05:
-                row.notes.append(f"first warm-up call after the check took {warm[0]:.3f} s (lazy compilation)")
         if prep.forward is not None:
-            warm, res = warm_up(prep.forward, 1 if slow else 2)
+            warm_fwd, res = warm_up(prep.forward, 1 if slow else 2)
             compare(f"{impl.label}, {w.name}, batched forward (warm)", {"f": prep.values(res)},
                     {"f": refs["values"]}, True)
             del res
-            t, _ = median_time(prep.forward, runs=args.runs, budget=args.batch_budget)
-            row.forward = B / t
-            if warm[0] > 3 * B / row.forward and warm[0] > 0.05:
-                row.notes.append(f"first forward warm-up call took {warm[0]:.3f} s (lazy compilation)")
+        # Gradient and forward alternate, so that grad ÷ fwd compares the two under the same load.
+        if prep.batch is not None and prep.forward is not None:
+            t_grad, t_fwd, row.batch_runs = paired_median_times((prep.batch, prep.forward), runs=args.runs,
+                                                                budget=2 * args.batch_budget)
+            row.throughput, row.forward = B / t_grad, B / t_fwd
+        elif prep.batch is not None:
+            t_grad, row.batch_runs = median_time(prep.batch, runs=args.runs, budget=args.batch_budget)
+            row.throughput = B / t_grad
+        if warm_grad and warm_grad[0] > 3 * B / row.throughput and warm_grad[0] > 0.05:
+            row.notes.append(f"first warm-up call after the check took {warm_grad[0]:.3f} s (lazy compilation)")
+        if warm_fwd and warm_fwd[0] > 3 * B / row.forward and warm_fwd[0] > 0.05:
+            row.notes.append(f"first forward warm-up call took {warm_fwd[0]:.3f} s (lazy compilation)")
         row.prep = prep  # kept for the memory pass at the end
     except Skip as e:
         row.status, row.message = "skipped", str(e)
@@ -594,8 +618,9 @@ def report(results, impls: list[Impl], args, argv, started: float, load_before: 
         f"- gcc: {_gcc_version()}",
         f"- peers: {peers_line}",
         f"- batch: {args.batch:,} items per batched call; single-point latency: median of warm calls, "
-        f"≥{args.budget} s and ≥{args.min_reps} calls per cell; batched gradient and forward: median of ≥{args.runs} "
-        f"run(s) after warm-up (more, up to 15, until {args.batch_budget} s are spent); semigrad backend: {args.backend}",
+        f"≥{args.budget} s and ≥{args.min_reps} calls per cell; batched gradient and forward: timed in "
+        f"alternation (one gradient call, one forward call, repeated), median of ≥{args.runs} pair(s) after warm-up "
+        f"(more, up to 15, until {2 * args.batch_budget:g} s are spent); semigrad backend: {args.backend}",
         f"- threads per implementation: {args.threads or 'library defaults'} (--threads; set through "
         f"{', '.join(THREAD_VARS)}, XLA_FLAGS=--xla_cpu_multi_thread_eigen=false and torch.set_num_threads)",
         f"- every gradient (single point and batch) and every batched forward was checked against the "
