@@ -55,3 +55,100 @@ def test_the_client_reports_failed_chunks(client, rng):
     with pytest.raises(sg.InvalidArgument, match="chunk 0"):
         f.gradient_many({"x": rng.normal(size=(10, 2))}, chunk_size=4, semiring="kbest",
                         semiring_params={"k": 0}, progress=False)
+
+
+# ------------------------------------------------------------------------ chunking and reassembly
+
+
+class Calls:
+    """What a client sent: unary calls by method, and the chunks of each stream."""
+
+    def __init__(self, client, monkeypatch):
+        self.unary: list[str] = []
+        self.stream_chunks: list[int] = []
+        call, stream = client._call, client._stream
+
+        def counting_call(method, request):
+            self.unary.append(method)
+            return call(method, request)
+
+        def counting_stream(method, requests):
+            self.stream_chunks.append(0)
+
+            def counted():
+                for r in requests:
+                    self.stream_chunks[-1] += 1
+                    yield r
+            return stream(method, counted())
+
+        monkeypatch.setattr(client, "_call", counting_call)
+        monkeypatch.setattr(client, "_stream", counting_stream)
+
+
+@pytest.fixture(params=[False, True], ids=["inline", "shared memory"])
+def any_client(request, server_address):
+    with sg.Client(server_address, shared_memory=request.param) as c:
+        yield c
+
+
+def test_a_batch_that_fits_one_default_chunk_is_one_gradient_call(any_client, rng, monkeypatch):
+    f = any_client.register(det_graph(3))
+    batch = rng.normal(size=(2000, 3, 3))  # ~300 KB of tensors, far below the default chunk
+    calls = Calls(any_client, monkeypatch)
+    grads = f.gradient_many({"A": batch}, return_outputs=True, progress=False)
+    assert calls.unary == ["Gradient"] and calls.stream_chunks == []
+    np.testing.assert_allclose(grads["A"], det_gradient(batch), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(grads.outputs["det"], np.linalg.det(batch), rtol=1e-10, atol=1e-12)
+
+
+def test_the_default_chunk_is_sized_by_bytes(any_client, rng, monkeypatch):
+    from semigrad import client as client_module
+
+    f = any_client.register(det_graph(3))
+    batch = rng.normal(size=(1000, 3, 3))
+    # per item: 72 B of input, 72 B of gradient and 64 B of header per result tensor
+    for target in ("STREAM_CHUNK_BYTES_SHARED", "STREAM_CHUNK_BYTES_INLINE"):
+        monkeypatch.setattr(client_module, target, 100 * (72 + 72 + 64))
+    calls = Calls(any_client, monkeypatch)
+    grads = f.gradient_many({"A": batch}, progress=False)
+    assert calls.stream_chunks == [10] and calls.unary == []
+    np.testing.assert_allclose(grads["A"], det_gradient(batch), rtol=1e-9, atol=1e-11)
+
+
+def test_outputs_retained_gradients_and_components_reassemble(any_client, rng):
+    g = sg.Graph()
+    x, w = g.input("x", (3,)), g.input("w", (3,))
+    a = sg.tanh(x)
+    g.output("y", sg.sum(a * w))
+    f = any_client.register(g)
+    xs, w0 = rng.normal(size=(40, 3)), rng.normal(size=3)
+    grads = f.gradient_many({"x": xs, "w": w0}, chunk_size=7, return_outputs=True, retain=[a.id], progress=False)
+    np.testing.assert_allclose(grads["x"], w0 * (1 - np.tanh(xs) ** 2), rtol=1e-13)
+    np.testing.assert_allclose(grads["w"], np.tanh(xs), rtol=1e-13)
+    np.testing.assert_allclose(grads.outputs["y"], np.tanh(xs) @ w0, rtol=1e-13)
+    np.testing.assert_allclose(grads.retained[a.id], np.broadcast_to(w0, (40, 3)), rtol=1e-15)
+
+    paths = sg.Graph()  # y = 0.5 (2x + 3x): two paths with products 1.0 and 1.5
+    p = paths.input("x", ())
+    paths.output("y", (p * 2.0 + p * 3.0) * 0.5)
+    two = any_client.register(paths)
+    entropy = two.gradient_many({"x": rng.normal(size=10)}, chunk_size=3, semiring="entropy",
+                                return_components=True, progress=False)
+    parts = entropy.components["x"]
+    np.testing.assert_allclose(parts["Z"], np.full(10, 2.5), rtol=1e-15)
+    np.testing.assert_allclose(parts["R"], np.full(10, -1.5 * np.log(1.5)), rtol=1e-14)
+    p1, p2 = 1.0 / 2.5, 1.5 / 2.5
+    np.testing.assert_allclose(entropy["x"], np.full(10, -(p1 * np.log(p1) + p2 * np.log(p2))), rtol=1e-13)
+
+
+def test_an_empty_batch_gives_empty_gradients(client, rng):
+    f = client.register(det_graph(3))
+    grads = f.gradient_many({"A": np.empty((0, 3, 3))}, progress=False)
+    assert grads["A"].shape == (0, 3, 3)
+
+
+@pytest.mark.parametrize("option", [{"best_path": [("A", (0, 0, 0))]}, {"hooks": {"n": sg.ServerHook("scale")}}])
+def test_options_gradient_many_cannot_split_are_refused(client, rng, option):
+    f = client.register(det_graph(3))
+    with pytest.raises(TypeError, match="use gradient"):
+        f.gradient_many({"A": rng.normal(size=(5, 3, 3))}, progress=False, **option)

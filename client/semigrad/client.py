@@ -34,6 +34,12 @@ TRANSPORT_OPTIONS: tuple[tuple[str, object], ...] = ()
 # on go through shared memory. Measured crossover on loopback: see docs/performance.md.
 SHARED_MEMORY_THRESHOLD = 128 * 1024
 STREAM_REGIONS = 4  # shared-memory regions one GradientStream keeps in flight (chunks on the wire)
+# gradient_many's default chunk: about this many bytes of tensors (inputs and results). Measured
+# on loopback (bench/stream_chunks.py): through shared memory a chunk costs ~1 ms on top of its
+# compute and moves nothing, so chunks are large; inline, encoding, the wire and decoding overlap
+# best around 1-2 MiB (larger messages slow down).
+STREAM_CHUNK_BYTES_SHARED = 64 << 20
+STREAM_CHUNK_BYTES_INLINE = 2 << 20
 
 
 class Client:
@@ -426,17 +432,22 @@ class RegisteredGraph:
             outgoing.put(None)
         raise SemigradError("the server closed GradientWithHooks without a result")
 
-    def gradient_many(self, inputs: Mapping[str, object], chunk_size: int = 1024, *, progress: bool | None = None,
-                      **options) -> Gradients:
+    def gradient_many(self, inputs: Mapping[str, object], chunk_size: int | None = None, *,
+                      progress: bool | None = None, **options) -> Gradients:
         """:meth:`gradient` for a large batch, streamed in chunks of ``chunk_size`` items along the
         first batch axis (one GradientStream call): the server works on one chunk while the next
-        is on the wire, and no message grows with the batch. Takes the options of
-        :meth:`gradient` (except ``best_path``) and returns the reassembled :class:`Gradients`.
+        is on the wire, and no message grows with the batch. ``chunk_size=None`` (default) makes
+        chunks of at most about 64 MiB of tensors (inputs and results) through shared memory, 2 MiB inline;
+        a batch that fits in one chunk is one Gradient call, which costs less than a stream. Takes the options of :meth:`gradient`
+        (except ``best_path`` and ``hooks``) and returns the reassembled :class:`Gradients`.
         ``progress``: show a tqdm progress bar (default: when tqdm is installed and there are
         more than 8 chunks). A failing chunk does not stop the others; afterwards the first
         failure is raised, naming every failed chunk.
         """
-        if chunk_size < 1:
+        for option in ("best_path", "hooks"):
+            if options.get(option):
+                raise TypeError(f"gradient_many does not take {option}=: use gradient")
+        if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be at least 1")
         arrays = {name: np.asarray(value, dtype=self.input_specs[name].dtype if name in self.input_specs else None)
                   for name, value in inputs.items()}
@@ -447,13 +458,21 @@ class RegisteredGraph:
             raise ValueError(f"batched inputs disagree on the first batch axis: {sorted(sizes)}")
         total = sizes.pop() if sizes else 1
         seeds = options.pop("seeds", None) or {}
-        starts = list(range(0, total, chunk_size))
+        seed_arrays = {name: np.asarray(v) for name, v in seeds.items()}
 
-        def cut(values: Mapping[str, np.ndarray], specs, start: int):
-            return {name: a[start:start + chunk_size] if _has_batch(a, specs.get(name)) and batched else a
+        def cut(values: Mapping[str, np.ndarray], specs, start: int, items: int):
+            return {name: a[start:start + items] if _has_batch(a, specs.get(name)) and batched else a
                     for name, a in values.items()}
 
-        seed_arrays = {name: np.asarray(v) for name, v in seeds.items()}
+        if chunk_size is None:
+            items = self._stream_chunk_items({name: arrays[name][:1] for name in batched},
+                                             cut(seed_arrays, self.output_specs, 0, 1), options)
+            chunk_size = -(-total // -(-total // items)) if total else items  # chunks of (nearly) equal size
+        starts = list(range(0, total, chunk_size))
+        if len(starts) <= 1:  # also an empty batch
+            gradients = self.gradient(arrays, seeds=seeds or None, **options)
+            return gradients[0] if options.get("return_outputs") else gradients
+
         client = self.client
         shared = client.shared_memory_off is None
         placements: dict[int, Placement] = {}  # chunk -> its region, until its response is read
@@ -463,7 +482,8 @@ class RegisteredGraph:
         def requests():
             for k, start in enumerate(starts):
                 request, tensors = self._gradient_request(
-                    cut(arrays, self.input_specs, start), seeds=cut(seed_arrays, self.output_specs, start), **options)
+                    cut(arrays, self.input_specs, start, chunk_size),
+                    seeds=cut(seed_arrays, self.output_specs, start, chunk_size), **options)
                 placement = None
                 if shared:
                     while not in_flight.acquire(timeout=0.1):  # regions come back as responses are read
@@ -481,7 +501,11 @@ class RegisteredGraph:
                 _fill(request, tensors, placement)
                 yield pb.GradientStreamRequest(chunk=k, request=request)
 
-        parts: list[Gradients | None] = [None] * len(starts)
+        # Through shared memory, the whole batch's results go into a pooled region too, lent like
+        # gradient's: no fresh memory to fault in on every call.
+        results = client._placement({}, lambda: self._gradient_result_bytes(
+            self._gradient_request(arrays, **options)[0], arrays)) if shared else None
+        assembly = _Assembly(total, results.allocate if results is not None else None)
         failures = []
         try:
             responses = client._stream("GradientStream", requests())
@@ -492,25 +516,37 @@ class RegisteredGraph:
                 try:
                     if message.code:
                         failures.append((message.chunk, message.code, message.message))
-                    else:
-                        parts[message.chunk] = _gradients_from(
-                            message.response, placement.read if placement is not None else codec.from_tensor)
+                    else:  # copied straight from the message or the region into the whole batch's arrays
+                        assembly.add(starts[message.chunk], _gradients_from(
+                            message.response, placement.view if placement is not None else codec.from_tensor))
                 finally:
                     if placement is not None:
-                        placement.finish(client._release)  # read() copied the chunk's results out
+                        placement.finish(client._release)
                         in_flight.release()
         finally:
             done.set()
             for placement in list(placements.values()):
                 placement.finish(client._release)
+            if results is not None:
+                results.finish(client._release)  # back to the pool now, or once the lent results are gone
         if shared and any(client._refused(error_for_code(code, text)) for _, code, text in failures):
             return self.gradient_many(inputs, chunk_size, progress=progress, seeds=seeds, **options)
         if failures:
             chunk, code, text = failures[0]
             listed = ", ".join(str(c) for c, _, _ in failures)
-            raise error_for_code(code, f"chunk {chunk} (items {chunk * chunk_size}..): {text} "
+            raise error_for_code(code, f"chunk {chunk} (items {starts[chunk]}..): {text} "
                                        f"[failed chunks: {listed} of {len(starts)}]")
-        return _concatenate(parts, batched=bool(batched))
+        return assembly.result()
+
+    def _stream_chunk_items(self, item: Mapping[str, np.ndarray], item_seeds: Mapping[str, np.ndarray],
+                            options: Mapping[str, object]) -> int:
+        """Most items per chunk for gradient_many's default: about STREAM_CHUNK_BYTES_* of tensors
+        each (`item`, `item_seeds`: the batched inputs and seeds cut to their first item)."""
+        request, tensors = self._gradient_request(item, seeds=item_seeds, **options)
+        per_item = (sum(a.nbytes for a in item.values()) + sum(a.nbytes for a in item_seeds.values())
+                    + self._gradient_result_bytes(request, tensors["inputs"]))
+        target = STREAM_CHUNK_BYTES_SHARED if self.client.shared_memory_off is None else STREAM_CHUNK_BYTES_INLINE
+        return max(1, target // max(per_item, 1))
 
     def _gradient_request(self, inputs, wrt=None, seeds=None, outputs=None, return_outputs=False,
                           semiring="real", semiring_params=None, return_components=False, best_path=None,
@@ -582,15 +618,49 @@ def _has_batch(value: np.ndarray, spec: TensorSpec | None) -> bool:
     return spec is not None and value.ndim > len(spec.shape)
 
 
-def _concatenate(parts: list[Gradients], batched: bool) -> Gradients:
-    if not batched:
-        return parts[0]
-    join = lambda dicts: {k: np.concatenate([d[k] for d in dicts]) for k in dicts[0]}  # noqa: E731
-    result = Gradients(join(parts))
-    result.outputs = join([p.outputs for p in parts]) if parts[0].outputs else {}
-    result.components = {x: join([p.components[x] for p in parts]) for x in parts[0].components}
-    result.best_paths = []
-    return result
+class _Assembly:
+    """A streamed job's results: each chunk's arrays (views of its message or region) copied once
+    into arrays for the whole batch, allocated when the first chunk arrives."""
+
+    def __init__(self, total: int, allocate: Callable | None = None):
+        self.total = total
+        self.allocate = allocate  # (shape, dtype) -> array or None, e.g. in a shared-memory region
+        self.arrays: dict[tuple[str, ...], np.ndarray] = {}
+
+    def add(self, start: int, part: Gradients) -> None:
+        for key, value in _flat(part).items():
+            whole = self.arrays.get(key)
+            if whole is None:
+                shape = (self.total, *value.shape[1:])
+                whole = self.allocate(shape, value.dtype) if self.allocate is not None else None
+                if whole is None:
+                    whole = np.empty(shape, dtype=value.dtype)
+                self.arrays[key] = whole
+            if value.shape[1:] != whole.shape[1:] or start + len(value) > self.total:
+                raise SemigradError(f"chunk at item {start}: {'/'.join(key)} has shape {value.shape}, "
+                                    f"which does not fit the batch's {whole.shape}")
+            whole[start:start + len(value)] = value
+
+    def result(self) -> Gradients:
+        fields: dict[str, dict] = {"gradients": {}, "outputs": {}, "retained": {}, "components": {}}
+        for key, array in self.arrays.items():
+            if key[0] == "components":
+                fields["components"].setdefault(key[1], {})[key[2]] = array
+            else:
+                fields[key[0]][key[1]] = array
+        result = Gradients(fields["gradients"])
+        result.outputs, result.retained, result.components = fields["outputs"], fields["retained"], fields["components"]
+        result.best_paths, result.records = [], {}
+        return result
+
+
+def _flat(gradients: Gradients) -> dict[tuple[str, ...], np.ndarray]:
+    """Every batched array of a Gradients, keyed by (field, name) or ("components", input, name)."""
+    flat = {("gradients", name): a for name, a in gradients.items()}
+    flat.update({("outputs", name): a for name, a in gradients.outputs.items()})
+    flat.update({("retained", name): a for name, a in gradients.retained.items()})
+    flat.update({("components", x, name): a for x, parts in gradients.components.items() for name, a in parts.items()})
+    return flat
 
 
 def _progress(responses, total: int):

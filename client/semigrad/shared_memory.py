@@ -203,7 +203,7 @@ class RegionPool:
 
 class Placement:
     """One call's region: the request's tensors written at the front, the rest offered to the server
-    as the output region; results are read by :meth:`lend` or :meth:`read`, then :meth:`finish`."""
+    as the output region; results are read by :meth:`lend` or :meth:`view`, then :meth:`finish`."""
 
     def __init__(self, region: Region):
         self.region = region
@@ -239,12 +239,13 @@ class Placement:
             raise ValueError(f"the server answered with a tensor outside the output region of '{self.region.name}'")
         return dtype, shape, ref.offset
 
-    def read(self, tensor: pb.Tensor) -> np.ndarray:
-        """Decode a response tensor; shared ones are copied out of the region into fresh arrays."""
+    def view(self, tensor: pb.Tensor) -> np.ndarray:
+        """Decode a response tensor; shared ones view the region (no copy) and must be copied out
+        before :meth:`finish` gives the region back."""
         if tensor.WhichOneof("payload") != "shared":
             return codec.from_tensor(tensor)
         dtype, shape, offset = self._located(tensor)
-        return self.region.array(dtype, shape, offset).copy()
+        return self.region.array(dtype, shape, offset)
 
     def lend(self, tensor: pb.Tensor) -> np.ndarray:
         """Decode a response tensor; shared ones become writable arrays viewing the region (no copy),
@@ -252,6 +253,22 @@ class Placement:
         if tensor.WhichOneof("payload") != "shared":
             return codec.from_tensor(tensor)
         dtype, shape, offset = self._located(tensor)
+        return self._lent(dtype, shape, offset)
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """A new writable array in the region (no tensors are written after it), lent like
+        :meth:`lend`'s; None when it does not fit."""
+        dtype = np.dtype(dtype)
+        if self._output is None:
+            self.output_region()
+        offset = aligned(max(self._next, self._output))
+        end = offset + math.prod(shape) * dtype.itemsize
+        if end > self.region.size:
+            return None
+        self._next = end
+        return self._lent(dtype, shape, offset)
+
+    def _lent(self, dtype: np.dtype, shape: tuple[int, ...], offset: int) -> np.ndarray:
         if self._loan is None:
             # A ctypes array: the one buffer every lent array's (collapsed) .base points to, and weakly
             # referenceable, unlike NumPy's memoryviews of an mmap.
