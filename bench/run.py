@@ -15,6 +15,7 @@ from pathlib import Path
 BENCHES = [
     "suite",  # semigrad vs peers on every workload (det-by-minors n = 4..7 included); writes RESULTS.md
     "semiring_cost",
+    "stream_chunks",
 ]
 # bench/det_minors.py still runs on its own (its in-process/gRPC det figures are part of suite.py's)
 

@@ -144,11 +144,12 @@ def semigrad_grpc(client: semigrad.Client, backend: str, stream: bool) -> Callab
                             lambda: fb.evaluate(batch, **kw)[w.output], dict, dict, np.asarray,
                             [f"one unary Gradient call per batch; {wire}"])
         default = inspect.signature(fb.gradient_many).parameters.get("chunk_size")
-        chunk = default.default if default is not None else "?"
+        chunk = ("the client's default chunks (inline: equal chunks of ≤ 2 MiB of tensors)"
+                 if default is None or default.default is None else f"chunk_size {default.default} (the client's default)")
         return Prepared(None, lambda: fb.gradient_many(batch, wrt=wrt, progress=False, **kw), None,
                         dict, dict, np.asarray,
-                        [f"gradient_many: one GradientStream call, chunk_size {chunk} (the client's default); "
-                         f"{wire}; single point and forward: see the unary row"])
+                        [f"gradient_many: one GradientStream call, {chunk}; {wire}; "
+                         "single point and forward: see the unary row"])
 
     return setup
 
