@@ -152,3 +152,15 @@ def test_options_gradient_many_cannot_split_are_refused(client, rng, option):
     f = client.register(det_graph(3))
     with pytest.raises(TypeError, match="use gradient"):
         f.gradient_many({"A": rng.normal(size=(5, 3, 3))}, progress=False, **option)
+
+
+def test_streamed_results_in_shared_memory_outlive_later_calls(server_address, rng):
+    with sg.Client(server_address, shared_memory=True) as c:
+        f = c.register(det_graph(3))
+        first, second = rng.normal(size=(3000, 3, 3)), rng.normal(size=(3000, 3, 3))
+        kept = f.gradient_many({"A": first}, chunk_size=700, progress=False)
+        for _ in range(3):  # the pool's regions get reused: never the one the kept results live in
+            f.gradient_many({"A": second}, chunk_size=700, progress=False)
+            f.gradient({"A": second})
+        np.testing.assert_allclose(kept["A"], det_gradient(first), rtol=1e-9, atol=1e-11)
+        kept["A"][:] = 0.0  # lent arrays are the caller's: writable
