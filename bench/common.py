@@ -74,7 +74,7 @@ def median_run(call: Callable[[], object], *, runs: int, warmup_runs: int = 1) -
     return statistics.median(samples)
 
 
-def _version(dist: str) -> str:
+def package_version(dist: str) -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -98,8 +98,8 @@ def machine_info() -> list[tuple[str, str]]:
     return [
         ("python", f"{platform.python_version()} ({platform.python_implementation()}, {sys.executable})"),
         ("numpy", np.__version__),
-        ("grpcio", _version("grpcio")),
-        ("protobuf", _version("protobuf")),
+        ("grpcio", package_version("grpcio")),
+        ("protobuf", package_version("protobuf")),
         ("cpu count", f"{os.cpu_count()} (usable by this process: {usable})"),
         ("cpu", _cpu_model()),
         ("platform", platform.platform()),

@@ -68,7 +68,6 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 import tracemalloc  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from importlib import metadata  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
@@ -80,7 +79,7 @@ from semigrad_server.service import build_server  # noqa: E402
 from semigrad_server.service.convert import graph_from_proto  # noqa: E402
 
 import peers  # noqa: E402
-from common import REPO, fmt, machine_info, markdown_table, median_latency, rerun_command, settle  # noqa: E402
+from common import REPO, fmt, machine_info, markdown_table, median_latency, package_version, rerun_command, settle  # noqa: E402
 from peers import PEERS, Prepared, Skip  # noqa: E402
 from workloads import DET_SIZES, Workload, all_workloads  # noqa: E402
 
@@ -487,13 +486,6 @@ def semigrad_wire_sizes(port: int, w: Workload, single: dict) -> tuple[int, int]
 
 
 # ------------------------------------------------------------------------------------ report
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _gcc_version() -> str:
     gcc = shutil.which("gcc")
     if not gcc:
@@ -603,7 +595,7 @@ def summary(results: list[tuple[Workload, list[Row], dict]]) -> str:
 
 
 def report(results, impls: list[Impl], args, argv, started: float, load_before: str, load_after: str) -> str:
-    versions = ", ".join(f"{p} {_version(p)}" for p in PACKAGES)
+    versions = ", ".join(f"{p} {package_version(p)}" for p in PACKAGES)
     peers_line = "; ".join(f"{i.label}: {'**not available** — ' + i.unavailable if i.unavailable else 'ok'}"
                            for i in impls if i.kind == "peer")
     lines = [
