@@ -68,22 +68,18 @@ def worst_error(got: dict, want: dict) -> float:
     return worst
 
 
-def first_item(f, batch: dict) -> dict:
-    return {name: a[:1] for name, a in batch.items()
-            if name in f.input_specs and a.ndim > len(f.input_specs[name].shape)}
-
-
-def items_per_chunk(f, batch: dict, n: int, wrt: list[str], mib: float | None) -> int:
-    """gradient_many's own sizing rule (chunks of nearly equal size) for about `mib` MiB per chunk
+def chunk_size(f, batch: dict, n: int, wrt: list[str], mib: float | None) -> int:
+    """gradient_many's own default chunk_size for `n` items, with its byte target set to `mib` MiB
     (None: the client's default for its transport)."""
     saved = client_module.STREAM_CHUNK_BYTES_SHARED, client_module.STREAM_CHUNK_BYTES_INLINE
     if mib is not None:
         client_module.STREAM_CHUNK_BYTES_SHARED = client_module.STREAM_CHUNK_BYTES_INLINE = int(mib * (1 << 20))
     try:
-        most = f._stream_chunk_items(first_item(f, batch), {}, {"wrt": wrt})
+        first = {name: a[:1] for name, a in batch.items()
+                 if name in f.input_specs and a.ndim > len(f.input_specs[name].shape)}
+        return f._default_chunk_size(first, {}, n, {"wrt": wrt})
     finally:
         client_module.STREAM_CHUNK_BYTES_SHARED, client_module.STREAM_CHUNK_BYTES_INLINE = saved
-    return -(-n // -(-n // most))
 
 
 def bench_workload(w, transport: str, client: semigrad.Client, args) -> list[str]:
@@ -92,11 +88,11 @@ def bench_workload(w, transport: str, client: semigrad.Client, args) -> list[str
     batch = w.batched.sample(rng, args.batch)
     wrt = list(w.wrt)
     f = client.register(w.graph(w.batched))
-    default_items = items_per_chunk(f, batch, args.batch, wrt, None)
+    default_items = chunk_size(f, batch, args.batch, wrt, None)
     calls = {"unary": lambda: f.gradient(batch, wrt=wrt),
              "default": lambda: f.gradient_many(batch, wrt=wrt, progress=False)}
     for mib in args.chunk_mib:
-        items = items_per_chunk(f, batch, args.batch, wrt, mib)
+        items = chunk_size(f, batch, args.batch, wrt, mib)
         calls[f"{mib:g} MiB"] = lambda items=items: f.gradient_many(batch, wrt=wrt, chunk_size=items, progress=False)
     with section(f"{w.name}, {transport}: check"):
         want = w.reference_gradient(batch)

@@ -466,9 +466,8 @@ class RegisteredGraph:
                     for name, a in values.items()}
 
         if chunk_size is None:
-            items = self._stream_chunk_items({name: arrays[name][:1] for name in batched},
-                                             cut(seed_arrays, self.output_specs, 0, 1), options)
-            chunk_size = -(-total // -(-total // items)) if total else items  # chunks of (nearly) equal size
+            chunk_size = self._default_chunk_size({name: arrays[name][:1] for name in batched},
+                                                  cut(seed_arrays, self.output_specs, 0, 1), total, options)
         starts = list(range(0, total, chunk_size))
         if len(starts) <= 1:  # also an empty batch
             gradients = self.gradient(arrays, seeds=seeds or None, **options)
@@ -539,15 +538,17 @@ class RegisteredGraph:
                                        f"[failed chunks: {listed} of {len(starts)}]")
         return assembly.result()
 
-    def _stream_chunk_items(self, item: Mapping[str, np.ndarray], item_seeds: Mapping[str, np.ndarray],
-                            options: Mapping[str, object]) -> int:
-        """Most items per chunk for gradient_many's default: about STREAM_CHUNK_BYTES_* of tensors
-        each (`item`, `item_seeds`: the batched inputs and seeds cut to their first item)."""
+    def _default_chunk_size(self, item: Mapping[str, np.ndarray], item_seeds: Mapping[str, np.ndarray],
+                            total: int, options: Mapping[str, object]) -> int:
+        """gradient_many's default chunk_size for `total` items: chunks of nearly equal size, each
+        about STREAM_CHUNK_BYTES_* of tensors at most (`item`, `item_seeds`: the batched inputs and
+        seeds cut to their first item)."""
         request, tensors = self._gradient_request(item, seeds=item_seeds, **options)
         per_item = (sum(a.nbytes for a in item.values()) + sum(a.nbytes for a in item_seeds.values())
                     + self._gradient_result_bytes(request, tensors["inputs"]))
         target = STREAM_CHUNK_BYTES_SHARED if self.client.shared_memory_off is None else STREAM_CHUNK_BYTES_INLINE
-        return max(1, target // max(per_item, 1))
+        most = max(1, target // max(per_item, 1))
+        return -(-total // -(-total // most)) if total else most
 
     def _gradient_request(self, inputs, wrt=None, seeds=None, outputs=None, return_outputs=False,
                           semiring="real", semiring_params=None, return_components=False, best_path=None,
