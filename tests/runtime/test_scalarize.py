@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from semigrad_server.ops import REGISTRY
 from semigrad_server.runtime.scalarize import Scalarizer
 
 
@@ -39,8 +40,8 @@ def test_negations_fold_into_adds_without_changing_a_bit(name, rng):
     plain = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
              "div": lambda a, b: a / b, "neg": lambda a: -a}
     for x, y in [*zip(rng.normal(size=50), rng.normal(size=50)), *((a, b) for a in EDGES for b in EDGES)]:
-        sc = Scalarizer()
-        vx, vy = sc._new(), sc._new()
+        sc = Scalarizer(REGISTRY)
+        vx, vy = sc.new_variable(), sc.new_variable()
         out = BUILDERS[name](sc, vx, vy)
         assert _negations_into_adds(sc) == 0
         want = _reference(name, np.float64(x), np.float64(y), plain)

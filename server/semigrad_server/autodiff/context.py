@@ -14,7 +14,7 @@ import sympy as sp
 
 from ..errors import FailedPrecondition
 from ..ir import Node, Type
-from ..ops.elementwise import SYMPY_FUNCTIONS
+from ..ops import REGISTRY
 from .builder import GraphBuilder
 
 
@@ -80,10 +80,10 @@ class AdjointContext:
             if exp.is_number and exp.is_negative:
                 return self.emit("div", [self.const(1.0, dtype), emit(base ** -exp)])
             return self.emit("pow", [emit(base), emit(exp)])
-        op = SYMPY_FUNCTIONS.get(expr.func)
+        op = REGISTRY.by_sympy_function().get(expr.func)
         if op is not None:
-            args = expr.args[:1] if expr.func is sp.Heaviside else expr.args
-            return self.emit(op, [emit(a) for a in args])
+            args = expr.args[:len(op.operands)]  # Heaviside(x) may carry its value at 0 as a second argument
+            return self.emit(op.name, [emit(a) for a in args])
         raise FailedPrecondition(f"cannot turn the derivative formula '{expr}' into graph nodes")
 
     def _chain(self, op: str, ids: list[str]) -> str:
@@ -174,9 +174,6 @@ class RealContext(AdjointContext):
         return seed_input
 
 
-STRUCTURAL = frozenset({"reshape", "transpose", "broadcast_to", "index"})
-
-
 class SemiringContext(AdjointContext):
     """Emits semiring ops bound to one configured semiring. Structural ops applied to
     semiring values are recorded in `valued`: for tuple carriers they map over components."""
@@ -193,7 +190,7 @@ class SemiringContext(AdjointContext):
     def structural_on_values(self) -> frozenset:
         """Structural nodes whose operand is a semiring value: for tuple carriers their
         kernels apply to each component (semiring ops take whole values themselves)."""
-        return frozenset(n for n in self.valued if self.builder.ops[n].name in STRUCTURAL)
+        return frozenset(n for n in self.valued if self.builder.ops[n].moves_elements and self.builder.ops[n].bound is None)
 
     def _sr(self, op: str, inputs, **attrs) -> str:
         node = self.emit(op, inputs, **attrs)
@@ -202,7 +199,8 @@ class SemiringContext(AdjointContext):
 
     def emit(self, op, inputs, **attrs):
         node = self.builder.emit(op, inputs, **attrs)
-        if op in STRUCTURAL and inputs and inputs[0] in self.valued:
+        opdef = self.builder.registry.ops[op]
+        if opdef.moves_elements and opdef.bound is None and inputs and inputs[0] in self.valued:
             self.valued.add(node)
         return node
 

@@ -1,14 +1,20 @@
-"""What an op is: operands, attributes, shape rule, kernel factory, adjoint rule.
+"""What an op is: operands, attributes, shape rule, kernel factory, adjoint rule, and every
+fact a backend needs to run it (see docs/architecture.md).
 
 Kernels receive arrays whose trailing axes have the node's declared types and whose
 leading axes (batch dimensions) are arbitrary; a kernel factory gets the static types
 and returns a function of the arrays alone.
+
+Backends that work element by element (scalar programs, SymPy expansion) call an op's
+`expand` with their own `Elements`: the op says how its output elements are built from its
+operands' elements, the backend says what an element is.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -44,6 +50,30 @@ class OpDef:
     doc: str = ""
     internal: bool = False  # used in generated backward graphs; listed but rarely written by hand
     bound: object = None  # the configured semiring a semiring op computes in
+    # ---- facts the backends read; no backend keeps a table of op names
+    elementwise_fn: Callable | None = None  # elementwise ops: the NumPy function of the operands' elements
+    float_fn: Callable | None = None  # the same over Python floats and bools (single points, numba); None: none
+    infix: str | None = None  # generated code writes the op as this template ("{0} + {1}") instead of a call
+    commutative: bool = False  # operands may be swapped (common subexpressions found either way round)
+    unit: tuple[str, float] | None = None  # ("both" | "right", u): x op u == x exactly (IEEE), so it folds away
+    fusible: bool = False  # cheap enough to run inside one fused loop (arithmetic, comparisons, selections)
+    analytic: bool = False  # the kernel is analytic and takes complex arrays (complex-step derivatives)
+    moves_elements: bool = False  # output elements are copies of operand elements (or 0): a structural op
+    expand: Callable | None = None  # expand(elements, operands, attrs, in_types, out_type): see Elements
+    sympy_apply: Callable | None = None  # one element's SymPy expression from its operands' expressions
+    scalar_cost: Callable | None = None  # (in_types, out_type) -> scalar operations an expansion makes
+    source: str | None = None  # stand-alone NumPy definition of `elementwise_fn`, where it has no source of its own
+
+    def __post_init__(self):
+        if self.expand is None:
+            if self.elementwise_fn is not None:
+                self.expand = expand_elementwise(self.name)
+            elif self.moves_elements:
+                self.expand = expand_by_kernel(self.kernel)
+        if self.scalar_cost is None:
+            self.scalar_cost = _no_cost if self.moves_elements or not self.operands else _output_cost
+        if self.sympy_apply is None and self.expression is not None:
+            self.sympy_apply = _substitute(self.expression, self.operands)
 
     @property
     def arity(self) -> int:
@@ -90,6 +120,86 @@ def _check_attr(node: Node, spec: AttrSpec, value: object) -> object:
     return value
 
 
+class Elements(Protocol):
+    """What an element-level backend provides to ops' expansions: elements are whatever it
+    computes with (a scalar program's variable ids, SymPy expressions)."""
+
+    def apply(self, op: str, args: tuple) -> object:
+        """One element of the elementwise op `op` on operand elements `args`."""
+
+    def reduce(self, op: str, row: list, empty: object) -> object:
+        """`row` combined by the binary elementwise op `op` (`empty` when the row is empty)."""
+
+    def number(self, value: float) -> object:
+        """A constant element."""
+
+    def semiring_zero(self) -> object:
+        """0̄ of the backend's semiring (0 for the real one)."""
+
+    def semiring_one(self) -> object:
+        """1̄ of the backend's semiring (1 for the real one)."""
+
+
+def element_array(values, shape) -> np.ndarray:
+    """An object array of `shape` holding `values` (a flat sequence)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out.reshape(shape)
+
+
+def expand_elementwise(name: str):
+    """Output element k is `op(operand elements at k)`, operands broadcast to the output."""
+
+    def expand(el: Elements, operands, attrs, in_types, out_type) -> np.ndarray:
+        aligned = [np.broadcast_to(a, out_type.shape).reshape(-1) for a in operands]
+        n = math.prod(out_type.shape)
+        return element_array([el.apply(name, tuple(a[k] for a in aligned)) for k in range(n)], out_type.shape)
+
+    return expand
+
+
+def expand_by_kernel(kernel_factory):
+    """An op that only moves elements runs its own kernel on arrays of elements."""
+
+    def expand(el: Elements, operands, attrs, in_types, out_type) -> np.ndarray:
+        moved = kernel_factory(attrs, in_types, out_type)(*operands)
+        return np.asarray(moved, dtype=object).reshape(out_type.shape)
+
+    return expand
+
+
+def reduce_elements(x: np.ndarray, axes, keepdims: bool, combine: Callable[[list], object]) -> np.ndarray:
+    """`combine(row)` over each row of x's elements along `axes` (None: all)."""
+    rank = x.ndim
+    axes = tuple(range(rank)) if axes is None else tuple(sorted(a % rank for a in axes))
+    kept = [i for i in range(rank) if i not in axes]
+    out_shape = tuple(x.shape[i] for i in kept)
+    rows = x.transpose(kept + list(axes)).reshape(math.prod(out_shape), -1)
+    out = element_array([combine(list(row)) for row in rows], out_shape)
+    if keepdims:
+        out = out.reshape(tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
+    return out
+
+
+def input_cost(in_types, out_type) -> int:
+    """A reduction's scalar operations: one per input element."""
+    return in_types[0].size
+
+
+def _no_cost(in_types, out_type) -> int:
+    return 0
+
+
+def _output_cost(in_types, out_type) -> int:
+    return out_type.size
+
+
+def _substitute(expression, operands: tuple[str, ...]):
+    """The expression with its operands' symbols replaced by the given elements, in operand order."""
+    position = {s: operands.index(str(s)) for s in expression.free_symbols}
+    return lambda *args: expression.xreplace({s: args[k] for s, k in position.items()})
+
+
 def normalize_axis(node: Node, axis: int, rank: int) -> int:
     if not -rank <= axis < rank:
         raise GraphError(node.id, f"axis {axis} is out of range for rank {rank}")
@@ -114,11 +224,13 @@ def broadcast_item_shapes(node: Node, shapes: Sequence[tuple[int, ...]]) -> tupl
 @dataclass
 class Registry:
     ops: dict[str, OpDef] = field(default_factory=dict)
+    _by_sympy_function: dict | None = field(default=None, repr=False, compare=False)
 
     def add(self, op: OpDef) -> OpDef:
         if op.name in self.ops:
             raise ValueError(f"op '{op.name}' registered twice")
         self.ops[op.name] = op
+        self._by_sympy_function = None
         return op
 
     def get(self, node: Node) -> OpDef:
@@ -129,3 +241,12 @@ class Registry:
 
     def __iter__(self):
         return iter(self.ops.values())
+
+    def by_sympy_function(self) -> dict[type, OpDef]:
+        """SymPy function class -> the elementwise op it is (sin -> sin, sigmoid -> sigmoid)."""
+        import sympy as sp
+
+        if self._by_sympy_function is None:
+            self._by_sympy_function = {op.expression.func: op for op in self.ops.values()
+                                       if op.kind == "elementwise" and isinstance(op.expression, sp.Function)}
+        return self._by_sympy_function

@@ -22,9 +22,10 @@ from .elementwise import elementwise_kernel, elementwise_vjp
 
 
 def custom_op(name: str, symbols: Sequence[sp.Symbol], expression: sp.Expr, partials: Sequence[sp.Expr],
-              forward: Callable, doc: str = "") -> OpDef:
+              forward: Callable, doc: str = "", analytic: bool = False) -> OpDef:
     """An elementwise op computing `forward(*operands)` (NumPy, broadcasting), whose partial
-    derivative with respect to operand k is `partials[k]` (a SymPy expression of `symbols`)."""
+    derivative with respect to operand k is `partials[k]` (a SymPy expression of `symbols`).
+    `analytic`: forward is analytic and takes complex arrays."""
     symbols = tuple(symbols)
 
     def infer(node, in_types, attrs):
@@ -58,4 +59,6 @@ def custom_op(name: str, symbols: Sequence[sp.Symbol], expression: sp.Expr, part
         derivatives=tuple((str(s), str(p)) for s, p in zip(symbols, partials)),
         partials=tuple(partials),
         doc=doc or f"custom op: {expression}",
+        elementwise_fn=lambda *elements: np.asarray(forward(*elements), dtype=np.float64),
+        analytic=analytic,
     )

@@ -1,76 +1,158 @@
-"""Elementwise ops, each declared once: a SymPy expression of its operands and a NumPy kernel.
+"""Elementwise ops, each declared once, in one row: its SymPy expression, its NumPy kernel,
+its form over Python floats, and the facts backends read.
 
 Partial derivatives come from `sympy.diff` at registry load (a row may override one, as
 for `pow`, whose SymPy form `x**y*y/x` is NaN at 0). The adjoint rule is the same for all:
 contribution to operand k = lift(∂f/∂x_k) ⊗ g, with broadcasting undone by a ⊕-reduce.
+Comparisons (bool results, no gradient) and `where` are elementwise too, with their own
+adjoint rules.
+
+Kernels that are not NumPy functions are written with `numpy.` and named after their op:
+printed stand-alone code (symbolic.numeric) uses their source as it is.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy
 import numpy as np
 import sympy as sp
 
 from ..errors import GraphError
 from ..ir import Type
+from . import sym
 from .base import OpDef, Registry, align, broadcast_item_shapes
-from .sym import X, Y, expm1, log1p, maximum, minimum, relu, sigmoid, softplus
+from .sym import X, Y
+
+C, A, B = sp.symbols("cond a b", real=True)
 
 
-def _sigmoid(x):
-    return np.exp(-np.logaddexp(0, -x))
+# ---------------------------------------------------------------- kernels that NumPy lacks
 
 
-def _softplus(x):
-    return np.logaddexp(0, x)
+def sigmoid(x):
+    return numpy.exp(-numpy.logaddexp(0.0, -x))
 
 
-def _relu(x):
-    return np.maximum(x, 0)
+def softplus(x):
+    return numpy.logaddexp(0.0, x)
 
 
-def _heaviside(x):
-    return np.heaviside(x, 0.5)
+def relu(x):
+    return numpy.maximum(x, 0)
+
+
+def heaviside(x):
+    return numpy.heaviside(x, 0.5)
 
 
 try:  # scipy is optional; its erf is a vectorised C ufunc.
-    from scipy.special import erf as _erf
+    from scipy.special import erf as _erf_kernel
 except ImportError:  # pragma: no cover - depends on the environment
-    _erf = np.vectorize(math.erf, otypes=[np.float64])
+    _erf_kernel = np.vectorize(math.erf, otypes=[np.float64])
+ERF_SOURCE = "erf = numpy.vectorize(math.erf, otypes=[numpy.float64])\n"
 
-# name, SymPy expression, NumPy kernel, partials that override sympy.diff, doc
-ELEMENTWISE: list[tuple] = [
-    ("add", X + Y, np.add, {}, "x + y"),
-    ("sub", X - Y, np.subtract, {}, "x - y"),
-    ("mul", X * Y, np.multiply, {}, "x * y"),
-    ("div", X / Y, np.true_divide, {}, "x / y"),
-    ("neg", -X, np.negative, {}, "-x"),
-    ("pow", X**Y, np.power, {X: Y * X ** (Y - 1)}, "x ** y"),
-    ("square", X**2, np.square, {}, "x ** 2"),
-    ("sqrt", sp.sqrt(X), np.sqrt, {}, "square root"),
-    ("exp", sp.exp(X), np.exp, {}, "e ** x"),
-    ("log", sp.log(X), np.log, {}, "natural logarithm"),
-    ("log1p", log1p(X), np.log1p, {}, "log(1 + x), accurate near 0"),
-    ("expm1", expm1(X), np.expm1, {}, "exp(x) - 1, accurate near 0"),
-    ("sin", sp.sin(X), np.sin, {}, "sine"),
-    ("cos", sp.cos(X), np.cos, {}, "cosine"),
-    ("tan", sp.tan(X), np.tan, {}, "tangent"),
-    ("tanh", sp.tanh(X), np.tanh, {}, "hyperbolic tangent"),
-    ("sigmoid", sigmoid(X), _sigmoid, {}, "1 / (1 + exp(-x)), computed stably"),
-    ("softplus", softplus(X), _softplus, {}, "log(1 + exp(x)), computed stably"),
-    ("abs", sp.Abs(X), np.abs, {}, "absolute value; derivative sign(x)"),
-    ("relu", relu(X), _relu, {}, "max(x, 0); derivative 1/2 at 0"),
-    ("maximum", maximum(X, Y), np.maximum, {}, "elementwise max; ties split the derivative 1/2, 1/2"),
-    ("minimum", minimum(X, Y), np.minimum, {}, "elementwise min; ties split the derivative 1/2, 1/2"),
-    ("erf", sp.erf(X), _erf, {}, "error function"),
-    ("sign", sp.sign(X), np.sign, {X: sp.Integer(0)}, "sign of x (derivative 0)"),
-    ("heaviside", sp.Heaviside(X), _heaviside, {X: sp.Integer(0)}, "step: 0 below 0, 1/2 at 0, 1 above (derivative 0)"),
+
+# ---------------------------------------------------------------- the same over Python floats
+
+
+def _f_sigmoid(x):
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def _f_softplus(x):
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x))) if x == x else x
+
+
+def _f_relu(x):
+    return x if not x <= 0 else 0.0
+
+
+def _f_sign(x):
+    return x if x != x else (1.0 if x > 0 else (-1.0 if x < 0 else 0.0))
+
+
+def _f_heaviside(x):
+    return x if x != x else (1.0 if x > 0 else (0.0 if x < 0 else 0.5))
+
+
+def _f_maximum(a, b):
+    return a if a >= b or a != a else b
+
+
+def _f_minimum(a, b):
+    return a if a <= b or a != a else b
+
+
+def _f_where(c, a, b):
+    return a if c else b
+
+
+@dataclass(frozen=True)
+class Row:
+    """One elementwise op. `float_fn`: over Python floats (None: generated code calls `fn`)."""
+
+    name: str
+    expression: object
+    fn: Callable
+    doc: str
+    float_fn: Callable | None = None
+    infix: str | None = None
+    partials: dict = field(default_factory=dict)  # operand symbol -> partial overriding sympy.diff
+    commutative: bool = False
+    unit: tuple | None = None
+    fusible: bool = False
+    analytic: bool = False
+    internal: bool = False
+    source: str | None = None  # stand-alone definition, when `fn` is neither NumPy's nor plain source
+
+
+ELEMENTWISE: list[Row] = [
+    Row("add", X + Y, np.add, "x + y", infix="{0} + {1}", commutative=True, unit=("both", 0.0), fusible=True,
+        analytic=True),
+    Row("sub", X - Y, np.subtract, "x - y", infix="{0} - {1}", unit=("right", 0.0), fusible=True, analytic=True),
+    Row("mul", X * Y, np.multiply, "x * y", infix="{0} * {1}", commutative=True, unit=("both", 1.0), fusible=True,
+        analytic=True),
+    Row("div", X / Y, np.true_divide, "x / y", infix="{0} / {1}", unit=("right", 1.0), fusible=True, analytic=True),
+    Row("neg", -X, np.negative, "-x", infix="-{0}", fusible=True, analytic=True),
+    Row("pow", X**Y, np.power, "x ** y", float_fn=math.pow, partials={X: Y * X ** (Y - 1)}, analytic=True),
+    Row("square", X**2, np.square, "x ** 2", infix="{0} * {0}", fusible=True, analytic=True),
+    Row("sqrt", sp.sqrt(X), np.sqrt, "square root", float_fn=math.sqrt, analytic=True),
+    Row("exp", sp.exp(X), np.exp, "e ** x", float_fn=math.exp, analytic=True),
+    Row("log", sp.log(X), np.log, "natural logarithm", float_fn=math.log, analytic=True),
+    Row("log1p", sym.log1p(X), np.log1p, "log(1 + x), accurate near 0", float_fn=math.log1p, analytic=True),
+    Row("expm1", sym.expm1(X), np.expm1, "exp(x) - 1, accurate near 0", float_fn=math.expm1, analytic=True),
+    Row("sin", sp.sin(X), np.sin, "sine", float_fn=math.sin, analytic=True),
+    Row("cos", sp.cos(X), np.cos, "cosine", float_fn=math.cos, analytic=True),
+    Row("tan", sp.tan(X), np.tan, "tangent", float_fn=math.tan, analytic=True),
+    Row("tanh", sp.tanh(X), np.tanh, "hyperbolic tangent", float_fn=math.tanh, analytic=True),
+    Row("sigmoid", sym.sigmoid(X), sigmoid, "1 / (1 + exp(-x)), computed stably", float_fn=_f_sigmoid),
+    Row("softplus", sym.softplus(X), softplus, "log(1 + exp(x)), computed stably", float_fn=_f_softplus),
+    Row("abs", sp.Abs(X), np.abs, "absolute value; derivative sign(x)", float_fn=abs, fusible=True),
+    Row("relu", sym.relu(X), relu, "max(x, 0); derivative 1/2 at 0", float_fn=_f_relu, fusible=True),
+    Row("maximum", sym.maximum(X, Y), np.maximum, "elementwise max; ties split the derivative 1/2, 1/2",
+        float_fn=_f_maximum, commutative=True, fusible=True),
+    Row("minimum", sym.minimum(X, Y), np.minimum, "elementwise min; ties split the derivative 1/2, 1/2",
+        float_fn=_f_minimum, commutative=True, fusible=True),
+    Row("erf", sp.erf(X), _erf_kernel, "error function", float_fn=math.erf, source=ERF_SOURCE),
+    Row("sign", sp.sign(X), np.sign, "sign of x (derivative 0)", float_fn=_f_sign, partials={X: sp.Integer(0)},
+        fusible=True),
+    Row("heaviside", sp.Heaviside(X), heaviside, "step: 0 below 0, 1/2 at 0, 1 above (derivative 0)",
+        float_fn=_f_heaviside, partials={X: sp.Integer(0)}, fusible=True, internal=True),
 ]
 
-# SymPy function class -> op name, for turning derivative formulas back into graph nodes.
-SYMPY_FUNCTIONS: dict[type, str] = {}
+# name, relation, NumPy function, infix; bool results, no gradient.
+COMPARISONS = [
+    ("lt", sp.Lt, np.less, "{0} < {1}"), ("le", sp.Le, np.less_equal, "{0} <= {1}"),
+    ("gt", sp.Gt, np.greater, "{0} > {1}"), ("ge", sp.Ge, np.greater_equal, "{0} >= {1}"),
+    ("eq", sp.Eq, np.equal, "{0} == {1}"), ("ne", sp.Ne, np.not_equal, "{0} != {1}"),
+]
 
 
 def elementwise_kernel(fn: Callable, in_types, out_type: Type) -> Callable:
@@ -114,22 +196,78 @@ def infer_elementwise(fn: Callable):
     return infer
 
 
+def kernel_of(fn: Callable):
+    return lambda attrs, in_types, out_type: elementwise_kernel(fn, in_types, out_type)
+
+
+def _comparison_infer(node, in_types, attrs):
+    return Type(broadcast_item_shapes(node, [t.shape for t in in_types]), "bool")
+
+
+def _where_infer(node, in_types, attrs):
+    if in_types[0].dtype != "bool":
+        raise GraphError(node.id, f"where's condition must be bool, got {in_types[0].dtype}")
+    dtype = np.result_type(np.dtype(in_types[1].dtype), np.dtype(in_types[2].dtype)).name
+    return Type(broadcast_item_shapes(node, [t.shape for t in in_types]), dtype)
+
+
+def _where_vjp(ctx, node, g, positions):
+    cond = node.inputs[0]
+    dtype = ctx.type(node.id).dtype
+    one, zero = ctx.const(1, dtype), ctx.const(0, dtype)
+    out = {}
+    for pos in positions:
+        if pos == 0:
+            out[pos] = None
+            continue
+        partial = ctx.emit("where", [cond, one, zero] if pos == 1 else [cond, zero, one])
+        out[pos] = ctx.unbroadcast(ctx.edge_value(partial, g), ctx.type(node.id).shape, ctx.type(node.inputs[pos]).shape)
+    return out
+
+
+def as_condition(value):
+    """A SymPy condition from an element: relations stay, numbers and symbols compare with 0."""
+    return value if isinstance(value, sp.logic.boolalg.Boolean) else sp.Ne(value, 0)
+
+
 def register(registry: Registry) -> None:
-    for name, expr, fn, overrides, doc in ELEMENTWISE:
+    for row in ELEMENTWISE:
+        expr = row.expression
         symbols = tuple(s for s in (X, Y) if s in expr.free_symbols)
-        partials = {k: overrides.get(s, sp.diff(expr, s)) for k, s in enumerate(symbols)}
-        if not isinstance(expr, (sp.Add, sp.Mul, sp.Pow)):
-            SYMPY_FUNCTIONS[expr.func] = name
+        partials = {k: row.partials.get(s, sp.diff(expr, s)) for k, s in enumerate(symbols)}
         registry.add(OpDef(
-            name=name,
+            name=row.name,
             kind="elementwise",
             operands=tuple(str(s) for s in symbols),
-            infer=infer_elementwise(fn),
-            kernel=lambda attrs, in_types, out_type, fn=fn: elementwise_kernel(fn, in_types, out_type),
+            infer=infer_elementwise(row.fn),
+            kernel=kernel_of(row.fn),
             vjp=elementwise_vjp(partials, symbols),
             expression=expr,
             derivatives=tuple((str(s), str(partials[k])) for k, s in enumerate(symbols)),
             partials=tuple(partials[k] for k in range(len(symbols))),
-            doc=doc,
-            internal=name in ("heaviside",),
+            doc=row.doc,
+            internal=row.internal,
+            elementwise_fn=row.fn,
+            float_fn=row.float_fn,
+            infix=row.infix,
+            commutative=row.commutative,
+            unit=row.unit,
+            fusible=row.fusible,
+            analytic=row.analytic,
+            source=row.source,
         ))
+    for name, relation, fn, infix in COMPARISONS:
+        registry.add(OpDef(
+            name, "comparison", ("x", "y"), _comparison_infer, kernel_of(fn),
+            vjp=lambda ctx, node, g, positions: dict.fromkeys(positions),
+            derivatives=(("x", "0 (no gradient through comparisons)"), ("y", "0")),
+            doc=f"elementwise {fn.__name__}, a bool result",
+            elementwise_fn=fn, float_fn=None, infix=infix, commutative=name in ("eq", "ne"), fusible=True,
+            sympy_apply=relation))
+    registry.add(OpDef(
+        "where", "elementwise", ("cond", "a", "b"), _where_infer, kernel_of(np.where), vjp=_where_vjp,
+        derivatives=(("cond", "0 (no gradient through the condition)"), ("a", "where(cond, 1, 0)"),
+                     ("b", "where(cond, 0, 1)")),
+        doc="a where cond else b",
+        elementwise_fn=np.where, float_fn=_f_where, fusible=True,
+        sympy_apply=lambda c, a, b: sp.Piecewise((a, as_condition(c)), (b, True))))

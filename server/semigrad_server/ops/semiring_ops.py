@@ -9,10 +9,22 @@ differentiated again.
 from __future__ import annotations
 
 from ..ir import Type
-from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes
-from .structural import _index_infer, _matmul_infer, _reduce_infer, full_index
+from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, element_array, input_cost, reduce_elements
+from .structural import (_index_infer, _matmul_infer, _reduce_infer, full_index, matmul_cost, matmul_expand,
+                         scatter_expand)
 
-SEMIRING_OPS = ("sr_lift", "sr_mul", "sr_add", "sr_sum", "sr_matmul", "sr_scatter", "sr_ones")
+
+def _semiring_zero(el):
+    return el.semiring_zero()
+
+
+def _sum_expand(el, operands, attrs, in_types, out_type):
+    return reduce_elements(operands[0], attrs["axes"], attrs["keepdims"],
+                           lambda row: el.reduce("sr_add", row, el.semiring_zero()))
+
+
+def _ones_expand(el, operands, attrs, in_types, out_type):
+    return element_array([el.semiring_one()] * out_type.size, out_type.shape)
 
 
 def _value_type(shape) -> Type:
@@ -89,19 +101,22 @@ def _bind(base: Registry, s) -> Registry:
 
     ops = [
         OpDef("sr_lift", "semiring", ("d",), lambda n, t, a: _value_type(t[0].shape),
-              lambda attrs, in_types, out_type: s.lift, doc="φ: a real local partial into the semiring"),
-        OpDef("sr_mul", "semiring", ("a", "b"), _binary_infer, aligned(s.mul), doc="a ⊗ b"),
-        OpDef("sr_add", "semiring", ("a", "b"), _binary_infer, aligned(s.add), doc="a ⊕ b"),
+              lambda attrs, in_types, out_type: s.lift, doc="φ: a real local partial into the semiring",
+              elementwise_fn=s.lift),
+        OpDef("sr_mul", "semiring", ("a", "b"), _binary_infer, aligned(s.mul), doc="a ⊗ b", elementwise_fn=s.mul),
+        OpDef("sr_add", "semiring", ("a", "b"), _binary_infer, aligned(s.add), doc="a ⊕ b", elementwise_fn=s.add),
         OpDef("sr_sum", "semiring", ("x",), sum_infer, sum_kernel,
               attrs=(AttrSpec("axes", "ints", required=True), AttrSpec("keepdims", "bool", default=False)),
-              doc="⊕-reduce over axes"),
+              doc="⊕-reduce over axes", expand=_sum_expand, scalar_cost=input_cost),
         OpDef("sr_matmul", "semiring", ("a", "b"), lambda n, t, a: _value_type(_matmul_infer(n, t, a).shape),
-              matmul_kernel, doc="semiring matmul: ⊕ over k of a[i, k] ⊗ b[k, j]"),
+              matmul_kernel, doc="semiring matmul: ⊕ over k of a[i, k] ⊗ b[k, j]",
+              expand=matmul_expand("sr_mul", "sr_add", _semiring_zero), scalar_cost=matmul_cost),
         OpDef("sr_scatter", "semiring", ("x",), _scatter_infer, scatter_kernel,
               attrs=(AttrSpec("index", "index", required=True), AttrSpec("shape", "ints", required=True)),
-              doc="0̄ of `shape` with x written at `index`"),
+              doc="0̄ of `shape` with x written at `index`", moves_elements=True,
+              expand=scatter_expand(_semiring_zero)),
         OpDef("sr_ones", "semiring", (), lambda n, t, a: _value_type(a["shape"]), ones_kernel,
-              attrs=(AttrSpec("shape", "ints", required=True),), doc="1̄ of `shape`"),
+              attrs=(AttrSpec("shape", "ints", required=True),), doc="1̄ of `shape`", expand=_ones_expand),
     ]
     for op in ops:
         op.internal = True

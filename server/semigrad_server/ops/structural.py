@@ -14,13 +14,10 @@ import numpy as np
 
 from ..errors import GraphError
 from ..ir import Type
-from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, normalize_axis
+from .base import (AttrSpec, OpDef, Registry, align, broadcast_item_shapes, element_array, input_cost,
+                   normalize_axis, reduce_elements)
 
 AXES = (AttrSpec("axes", "ints", doc="axes to reduce; absent: all"), AttrSpec("keepdims", "bool", default=False))
-
-
-def _lead(a: np.ndarray, rank: int) -> int:
-    return a.ndim - rank
 
 
 def full_index(index: tuple, rank: int) -> tuple:
@@ -42,41 +39,9 @@ def _const_kernel(attrs, in_types, out_type):
     return lambda: value
 
 
-# ---------------------------------------------------------------- comparisons and where
-
-COMPARISONS = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-               "eq": np.equal, "ne": np.not_equal}
-
-
-def _comparison_infer(node, in_types, attrs):
-    return Type(broadcast_item_shapes(node, [t.shape for t in in_types]), "bool")
-
-
-def _where_infer(node, in_types, attrs):
-    if in_types[0].dtype != "bool":
-        raise GraphError(node.id, f"where's condition must be bool, got {in_types[0].dtype}")
-    dtype = np.result_type(np.dtype(in_types[1].dtype), np.dtype(in_types[2].dtype)).name
-    return Type(broadcast_item_shapes(node, [t.shape for t in in_types]), dtype)
-
-
-def _elementwise(fn):
-    from .elementwise import elementwise_kernel
-
-    return lambda attrs, in_types, out_type: elementwise_kernel(fn, in_types, out_type)
-
-
-def _where_vjp(ctx, node, g, positions):
-    cond = node.inputs[0]
-    dtype = ctx.type(node.id).dtype
-    one, zero = ctx.const(1, dtype), ctx.const(0, dtype)
-    out = {}
-    for pos in positions:
-        if pos == 0:
-            out[pos] = None
-            continue
-        partial = ctx.emit("where", [cond, one, zero] if pos == 1 else [cond, zero, one])
-        out[pos] = ctx.unbroadcast(ctx.edge_value(partial, g), ctx.type(node.id).shape, ctx.type(node.inputs[pos]).shape)
-    return out
+def _const_expand(el, operands, attrs, in_types, out_type):
+    value = attrs["value"]
+    return element_array([el.number(v) for v in value.reshape(-1).tolist()], value.shape)
 
 
 # ---------------------------------------------------------------- reductions
@@ -113,6 +78,22 @@ def _reduce_kernel(fn):
         return lambda a: fn(a, axis=axes, keepdims=keepdims)
 
     return make
+
+
+def _sum_expand(el, operands, attrs, in_types, out_type):
+    return reduce_elements(operands[0], attrs["axes"], attrs["keepdims"], lambda row: el.reduce("add", row, el.number(0.0)))
+
+
+def _mean_expand(el, operands, attrs, in_types, out_type):
+    x = operands[0]
+    n = x.size // max(1, out_type.size)
+    return reduce_elements(x, attrs["axes"], attrs["keepdims"],
+                           lambda row: el.apply("div", (el.reduce("add", row, el.number(0.0)), el.number(float(n)))))
+
+
+def _max_expand(el, operands, attrs, in_types, out_type):
+    return reduce_elements(operands[0], attrs["axes"], attrs["keepdims"],
+                           lambda row: el.reduce("maximum", row, el.number(-math.inf)))
 
 
 def _keepdims_shape(node, ctx):
@@ -287,6 +268,17 @@ def _scatter_kernel(attrs, in_types, out_type):
     return scatter
 
 
+def scatter_expand(fill):
+    """Elements of `x` at `index` in an array of `fill(elements)`."""
+
+    def expand(el, operands, attrs, in_types, out_type):
+        out = element_array([fill(el)] * out_type.size, out_type.shape)
+        out[tuple(attrs["index"])] = operands[0]
+        return out
+
+    return expand
+
+
 def _scatter_vjp(ctx, node, g, positions):
     return {0: ctx.edge_const(1, ctx.emit("index", [g], index=ctx.attrs(node)["index"]))}
 
@@ -403,6 +395,29 @@ def _matmul_kernel(attrs, in_types, out_type):
     return matmul
 
 
+def matmul_expand(mul: str, add: str, zero):
+    """out[..., i, j] = add over q of mul(a[..., i, q], b[..., q, j]), NumPy's 1-D and batch rules."""
+
+    def expand(el, operands, attrs, in_types, out_type):
+        a, b = operands
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        lead = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        a3 = np.broadcast_to(a2, lead + a2.shape[-2:]).reshape((-1,) + a2.shape[-2:])
+        b3 = np.broadcast_to(b2, lead + b2.shape[-2:]).reshape((-1,) + b2.shape[-2:])
+        m, k, n = a3.shape[1], a3.shape[2], b3.shape[2]
+        values = [el.reduce(add, [el.apply(mul, (a3[t, i, q], b3[t, q, j])) for q in range(k)], zero(el))
+                  for t in range(a3.shape[0]) for i in range(m) for j in range(n)]
+        return element_array(values, out_type.shape)
+
+    return expand
+
+
+def matmul_cost(in_types, out_type) -> int:
+    a = in_types[0]
+    return out_type.size * (a.shape[-1] if a.rank else 1)
+
+
 def _swap_last(ctx, x):
     rank = ctx.type(x).rank
     return ctx.emit("transpose", [x], perm=tuple(range(rank - 2)) + (rank - 1, rank - 2))
@@ -441,46 +456,46 @@ def _matmul_vjp(ctx, node, g, positions):
 def register(registry: Registry) -> None:
     add = registry.add
     add(OpDef("const", "source", (), _const_infer, _const_kernel, vjp=lambda *a: {},
-              attrs=(AttrSpec("value", "tensor", required=True),), doc="a constant tensor"))
-    for name, fn in COMPARISONS.items():
-        add(OpDef(name, "comparison", ("x", "y"), _comparison_infer, _elementwise(fn),
-                  vjp=lambda ctx, node, g, positions: dict.fromkeys(positions),
-                  derivatives=(("x", "0 (no gradient through comparisons)"), ("y", "0")),
-                  doc=f"elementwise {fn.__name__}, a bool result"))
-    add(OpDef("where", "elementwise", ("cond", "a", "b"), _where_infer, _elementwise(np.where), vjp=_where_vjp,
-              derivatives=(("cond", "0 (no gradient through the condition)"), ("a", "where(cond, 1, 0)"),
-                           ("b", "where(cond, 0, 1)")),
-              doc="a where cond else b"))
+              attrs=(AttrSpec("value", "tensor", required=True),), doc="a constant tensor",
+              expand=_const_expand, analytic=True))
     for name, fn, rule in (("sum", np.sum, "1 for every summed element"),
                            ("mean", np.mean, "1/n for every averaged element"),
                            ("max", np.max, "1 at the maximum (ties share it evenly), 0 elsewhere")):
         add(OpDef(name, "reduction", ("x",), _reduce_infer, _reduce_kernel(fn),
                   vjp={"sum": _sum_vjp, "mean": _mean_vjp, "max": _max_vjp}[name], attrs=AXES,
-                  derivatives=(("x", rule),), doc=f"{name} over axes"))
+                  derivatives=(("x", rule),), doc=f"{name} over axes",
+                  expand={"sum": _sum_expand, "mean": _mean_expand, "max": _max_expand}[name],
+                  scalar_cost=input_cost, analytic=name != "max"))
     add(OpDef("reshape", "structural", ("x",), _reshape_infer, _reshape_kernel, vjp=_reshape_vjp,
               attrs=(AttrSpec("shape", "ints", required=True),), derivatives=(("x", "reshape of the adjoint"),),
-              doc="same elements, new shape (one -1 allowed)"))
+              doc="same elements, new shape (one -1 allowed)", moves_elements=True, analytic=True))
     add(OpDef("transpose", "structural", ("x",), _transpose_infer, _transpose_kernel, vjp=_transpose_vjp,
               attrs=(AttrSpec("perm", "ints", doc="absent: reversed axes"),),
-              derivatives=(("x", "adjoint transposed by the inverse permutation"),), doc="permute axes"))
+              derivatives=(("x", "adjoint transposed by the inverse permutation"),), doc="permute axes",
+              moves_elements=True, analytic=True))
     add(OpDef("broadcast_to", "structural", ("x",), _broadcast_infer, _broadcast_kernel, vjp=_broadcast_vjp,
               attrs=(AttrSpec("shape", "ints", required=True),),
               derivatives=(("x", "⊕-reduce of the adjoint over the broadcast axes"),),
-              doc="NumPy broadcasting to a shape"))
+              doc="NumPy broadcasting to a shape", moves_elements=True, analytic=True))
     add(OpDef("index", "structural", ("x",), _index_infer, _index_kernel, vjp=_index_vjp,
               attrs=(AttrSpec("index", "index", required=True),),
               derivatives=(("x", "adjoint scattered into 0̄ at the indexed positions"),),
-              doc="basic indexing: ints, slices (negative indices and steps allowed)"))
+              doc="basic indexing: ints, slices (negative indices and steps allowed)", moves_elements=True,
+              analytic=True))
     add(OpDef("scatter_index", "structural", ("x",), _scatter_infer, _scatter_kernel, vjp=_scatter_vjp,
               attrs=(AttrSpec("index", "index", required=True), AttrSpec("shape", "ints", required=True)),
               derivatives=(("x", "index of the adjoint"),), internal=True,
-              doc="zeros of `shape` with x written at `index` (the adjoint of index)"))
+              doc="zeros of `shape` with x written at `index` (the adjoint of index)", moves_elements=True,
+              expand=scatter_expand(lambda el: el.number(0.0)), analytic=True))
     add(OpDef("concat", "structural", ("x",), _join_infer, _join_kernel(np.concatenate), vjp=_concat_vjp,
               variadic=True, attrs=(AttrSpec("axis", "int", default=0),),
-              derivatives=(("x", "the adjoint's slice for each input"),), doc="join along an existing axis"))
+              derivatives=(("x", "the adjoint's slice for each input"),), doc="join along an existing axis",
+              moves_elements=True, analytic=True))
     add(OpDef("stack", "structural", ("x",), _join_infer, _join_kernel(np.stack), vjp=_stack_vjp,
               variadic=True, attrs=(AttrSpec("axis", "int", default=0),),
-              derivatives=(("x", "the adjoint's slice for each input"),), doc="join along a new axis"))
+              derivatives=(("x", "the adjoint's slice for each input"),), doc="join along a new axis",
+              moves_elements=True, analytic=True))
     add(OpDef("matmul", "linalg", ("a", "b"), _matmul_infer, _matmul_kernel, vjp=_matmul_vjp,
               derivatives=(("a", "g ⊗ bᵀ (semiring matmul)"), ("b", "aᵀ ⊗ g (semiring matmul)")),
-              doc="NumPy matmul: 1-D operands promoted, batch dimensions broadcast"))
+              doc="NumPy matmul: 1-D operands promoted, batch dimensions broadcast",
+              expand=matmul_expand("mul", "add", lambda el: el.number(0.0)), scalar_cost=matmul_cost, analytic=True))

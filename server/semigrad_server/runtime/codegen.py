@@ -14,50 +14,7 @@ from __future__ import annotations
 import math
 
 
-from .scalarize import ELEMENTWISE_FNS, ScalarProgram
-
-INFIX = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}", "neg": "-{0}",
-         "square": "{0} * {0}", "lt": "{0} < {1}", "le": "{0} <= {1}", "gt": "{0} > {1}", "ge": "{0} >= {1}",
-         "eq": "{0} == {1}", "ne": "{0} != {1}"}
-
-
-def _f_sigmoid(x):
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
-
-
-def _f_softplus(x):
-    return max(x, 0.0) + math.log1p(math.exp(-abs(x))) if x == x else x
-
-
-def _f_relu(x):
-    return x if not x <= 0 else 0.0
-
-
-def _f_sign(x):
-    return x if x != x else (1.0 if x > 0 else (-1.0 if x < 0 else 0.0))
-
-
-def _f_heaviside(x):
-    return x if x != x else (1.0 if x > 0 else (0.0 if x < 0 else 0.5))
-
-
-def _f_maximum(a, b):
-    return a if a >= b or a != a else b
-
-
-def _f_minimum(a, b):
-    return a if a <= b or a != a else b
-
-
-FLOAT_FNS = {
-    "pow": math.pow, "sqrt": math.sqrt, "exp": math.exp, "log": math.log, "log1p": math.log1p,
-    "expm1": math.expm1, "sin": math.sin, "cos": math.cos, "tan": math.tan, "tanh": math.tanh,
-    "sigmoid": _f_sigmoid, "softplus": _f_softplus, "abs": abs, "relu": _f_relu, "erf": math.erf,
-    "sign": _f_sign, "heaviside": _f_heaviside, "maximum": _f_maximum, "minimum": _f_minimum,
-}
+from .scalarize import ScalarProgram
 
 
 def generate_source(p: ScalarProgram, flavour: str) -> str:
@@ -101,30 +58,29 @@ def generate_source(p: ScalarProgram, flavour: str) -> str:
             target = f"r{counter}"
             counter += 1
         names[var] = target
-        lines.append(f"    {target} = {expression(op, operands, flavour)}")
+        lines.append(f"    {target} = {expression(p.ops[op], operands, flavour)}")
     outs = ", ".join("(" + ", ".join(name_of(int(v)) for v in ids.reshape(-1)) + ("," if ids.size == 1 else "") + ")"
                      for _, _, ids in p.outputs)
     lines.append(f"    return ({outs}{',' if len(p.outputs) == 1 else ''})")
     return "\n".join(lines) + "\n"
 
 
-def expression(op: str, operands: list[str], flavour: str) -> str:
-    """Source of one instruction. Flavours: "floats" and "arrays" call functions from the table
-    `F`; "compiled" (numba) calls module-level `F_<op>` names (see jit.compile_function)."""
-    if op in INFIX:
-        return INFIX[op].format(*operands)
-    if op == "where" and flavour != "arrays":
-        return f"({operands[1]} if {operands[0]} else {operands[2]})"
+def expression(op, operands: list[str], flavour: str) -> str:
+    """Source of one instruction of OpDef `op`. Flavours: "floats" and "arrays" call functions
+    from the table `F`; "compiled" (numba) calls module-level `F_<op>` names (see jit.compile_function)."""
+    if op.infix is not None:
+        return op.infix.format(*operands)
     if flavour == "compiled":
-        return f"F_{op}({', '.join(operands)})"
-    return f"F[{op!r}]({', '.join(operands)})"
+        return f"F_{op.name}({', '.join(operands)})"
+    return f"F[{op.name!r}]({', '.join(operands)})"
 
 
-def functions(flavour: str, semiring=None) -> dict:
-    table = dict(FLOAT_FNS) if flavour == "floats" else dict(ELEMENTWISE_FNS)
-    if semiring is not None:
-        table.update({"sr_add": semiring.add, "sr_mul": semiring.mul, "sr_lift": semiring.lift})
-    return table
+def functions(p: ScalarProgram, flavour: str) -> dict:
+    """The table `F` of a program's generated code: each op's function over floats (where it
+    has one) or over arrays."""
+    if flavour == "floats":
+        return {name: op.float_fn or op.elementwise_fn for name, op in p.ops.items()}
+    return {name: op.elementwise_fn for name, op in p.ops.items()}
 
 
 def compile_program(p: ScalarProgram, flavour: str):

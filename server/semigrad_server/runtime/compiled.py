@@ -35,9 +35,10 @@ class ScalarExecutable:
         self.consts = const_table(program)
         self.floats, _ = compile_program(program, "floats")
         self.arrays, _ = compile_program(program, "arrays")
-        self.float_fns = functions("floats", semiring)
-        self.array_fns = functions("arrays", semiring)
-        self.jit = JitProgram(program) if JitProgram.applicable(program, semiring) else None
+        self.float_fns = functions(program, "floats")
+        self.array_fns = functions(program, "arrays")
+        self.jit_refusal = "it computes in a plugin semiring" if semiring is not None else JitProgram.refusal(program)
+        self.jit = JitProgram(program) if self.jit_refusal is None else None
         self.item_elements = max(1, program.n_vars)  # scalars per item: the work and memory bound
         self.single_calls = 0  # counted without a lock: a lost increment only delays the JIT
         self._single_kernel = None  # the JIT kernel for a single point, once compiled
@@ -97,8 +98,7 @@ class ScalarExecutable:
     def _run_jit(self, inputs, leads, batch: tuple, force: bool):
         if self.jit is None:
             if force:
-                raise FailedPrecondition("the jit backend needs numba installed (pip install 'semigrad[jit]') "
-                                         "and a real-semiring program")
+                raise FailedPrecondition(f"the jit backend cannot run this graph: {self.jit_refusal}")
             return None
         pattern = tuple(bool(lead) for lead in leads)
         kernel = self.jit.kernel(pattern) if force else self.jit.ready_kernel(pattern)

@@ -4,8 +4,8 @@ A group is a tree of elementwise nodes whose inner values have no other use: it 
 step. Until it is hot the step calls the members' own NumPy kernels in turn (the same results
 as unfused); once it has processed HOT_ELEMENTS elements, and numba is installed, it is
 compiled in the background into one ufunc that makes a single pass over memory with no
-temporaries. Only arithmetic, comparisons and selections fuse, so compiled results are the
-same IEEE operations as NumPy's.
+temporaries. Only ops declared fusible (arithmetic, comparisons, selections: `OpDef.fusible`)
+fuse, so compiled results are the same IEEE operations as NumPy's.
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..ir import Node, Type
+from ..ops import OpDef
 from ..ops.base import align
-from .codegen import INFIX, expression
+from .codegen import expression
 from .jit import AVAILABLE, compile_function, numba
 
 log = logging.getLogger("semigrad.runtime")
 
-FUSIBLE_KINDS = ("elementwise", "comparison")
-# Arithmetic, comparisons and selections only: NumPy evaluates exp, tanh, sin... with its own
-# SIMD loops, several times faster than the scalar libm calls a fused loop makes (measured on
-# the MLP: fusing tanh made the forward pass 2.5× slower).
-FUSIBLE_OPS = frozenset(INFIX) | {"where", "abs", "relu", "maximum", "minimum", "sign", "heaviside"}
+# Ops fuse when declared `fusible`: arithmetic, comparisons and selections only. NumPy evaluates
+# exp, tanh, sin... with its own SIMD loops, several times faster than the scalar libm calls a
+# fused loop makes (measured on the MLP: fusing tanh made the forward pass 2.5× slower).
 FUSIBLE_DTYPES = ("float64", "bool")
 HOT_ELEMENTS = 1 << 22  # elements through a group before compiling it pays (a compile: ~0.2 s)
 MAX_MEMBERS = 64
@@ -40,11 +39,12 @@ class Group:
     root: str
     members: tuple[Node, ...]  # in evaluation order, the root last
     leaves: tuple[str, ...]  # refs read from outside the group, in first-use order
+    ops: tuple[OpDef, ...]  # the members' ops
 
 
-def fusion_groups(order: Sequence[Node], kinds: Mapping[str, str], types: Mapping[str, Type],
+def fusion_groups(order: Sequence[Node], ops: Mapping[str, OpDef], types: Mapping[str, Type],
                   kept: set[str] = frozenset(), excluded: set[str] = frozenset()) -> dict[str, Group]:
-    """Groups by root id. `kinds`: op kind per node id (nodes of other kinds never fuse);
+    """Groups by root id. `ops`: the op of each node id;
     `kept`: values needed on their own (outputs): they may end a group, never sit inside one;
     `excluded`: nodes that never fuse (constants to fold, tuple-valued nodes)."""
     uses = Counter(r for node in order for r in node.inputs)
@@ -52,8 +52,7 @@ def fusion_groups(order: Sequence[Node], kinds: Mapping[str, str], types: Mappin
     position = {node.id: i for i, node in enumerate(order)}
 
     def fusible(node: Node) -> bool:
-        return (kinds.get(node.id) in FUSIBLE_KINDS and node.op in FUSIBLE_OPS
-                and node.id not in excluded and types[node.id].dtype in FUSIBLE_DTYPES
+        return (ops[node.id].fusible and node.id not in excluded and types[node.id].dtype in FUSIBLE_DTYPES
                 and all(types[r].dtype in FUSIBLE_DTYPES for r in node.inputs))
 
     absorbed: set[str] = set()
@@ -79,7 +78,7 @@ def fusion_groups(order: Sequence[Node], kinds: Mapping[str, str], types: Mappin
         members.sort(key=lambda n: position[n.id])
         inside = {n.id for n in members}
         leaves = tuple(dict.fromkeys(r for n in members for r in n.inputs if r not in inside))
-        groups[node.id] = Group(node.id, tuple(members), leaves)
+        groups[node.id] = Group(node.id, tuple(members), leaves, tuple(ops[n.id] for n in members))
     return groups
 
 
@@ -139,8 +138,8 @@ def compile_group(group: Group, signature: str):
     """One numba ufunc evaluating the group's tree per element."""
     names = {ref: f"a{k}" for k, ref in enumerate(group.leaves)}
     lines = [f"def fused({', '.join(names[r] for r in group.leaves)}):"]
-    for k, node in enumerate(group.members):
-        lines.append(f"    v{k} = {expression(node.op, [names[r] for r in node.inputs], 'compiled')}")
+    for k, (node, op) in enumerate(zip(group.members, group.ops)):
+        lines.append(f"    v{k} = {expression(op, [names[r] for r in node.inputs], 'compiled')}")
         names[node.id] = f"v{k}"
     lines.append(f"    return {names[group.root]}")
-    return numba.vectorize([signature])(compile_function(lines, "fused group", "fused"))
+    return numba.vectorize([signature])(compile_function(lines, "fused group", "fused", ops=group.ops))

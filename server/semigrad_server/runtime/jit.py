@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from .allocation import result_array, results_in
-from .codegen import FLOAT_FNS, expression
+from .codegen import expression
 from .scalarize import ScalarProgram
 
 try:
@@ -52,17 +52,30 @@ def readonly(a: np.ndarray) -> np.ndarray:
     return view
 
 
-@functools.lru_cache(maxsize=1)
-def _jitted_functions() -> dict:
-    """`F_<op>` for generated code: math's functions as they are, ours compiled once per process."""
-    return {f"F_{name}": (fn if fn in (abs, ) or getattr(fn, "__module__", "") == "math" else numba.njit(fn))
-            for name, fn in FLOAT_FNS.items()}
+@functools.lru_cache(maxsize=None)
+def _jitted(fn):
+    """An op's float function for numba: math's functions as they are, ours compiled once per process."""
+    return fn if fn is abs or getattr(fn, "__module__", "") == "math" else numba.njit(fn)
 
 
-def compile_function(lines: list[str], label: str, entry: str, **options):
-    """numba-compile the generated function `entry` defined by `lines` (IEEE error model). Only
-    our own op names, numbers and variable names reach the source, never text from a request."""
-    namespace = {"numba": numba, "math": math, "np": np, **_jitted_functions()}
+def refusal(ops) -> str | None:
+    """Why generated numba code cannot call these ops (None: it can)."""
+    if not AVAILABLE:
+        return "numba is not installed (pip install 'semigrad[jit]')"
+    for op in ops:
+        if op.bound is not None:
+            return f"op '{op.name}' computes in a plugin semiring (Python code)"
+        if op.infix is None and op.float_fn is None:
+            return f"op '{op.name}' has no float form (OpDef.float_fn)"
+    return None
+
+
+def compile_function(lines: list[str], label: str, entry: str, ops=(), **options):
+    """numba-compile the generated function `entry` defined by `lines` (IEEE error model), which
+    calls `ops` as `F_<name>`. Only our own op names, numbers and variable names reach the
+    source, never text from a request."""
+    functions = {f"F_{op.name}": _jitted(op.float_fn) for op in ops if op.infix is None}
+    namespace = {"numba": numba, "math": math, "np": np, **functions}
     exec(compile("\n".join(lines) + "\n", f"<semigrad {label}>", "exec"), namespace)  # our own generated code
     return numba.njit(error_model="numpy", **options)(namespace[entry])
 
@@ -97,8 +110,11 @@ class JitProgram:
         self._lock = threading.Lock()
 
     @staticmethod
-    def applicable(p: ScalarProgram, semiring) -> bool:
-        return AVAILABLE and semiring is None and len(p.instrs) <= MAX_INSTRUCTIONS
+    def refusal(p: ScalarProgram) -> str | None:
+        """Why this program has no JIT kernel (None: it has one)."""
+        if len(p.instrs) > MAX_INSTRUCTIONS:
+            return f"the program has {len(p.instrs)} instructions; the JIT's limit is {MAX_INSTRUCTIONS}"
+        return refusal(p.ops.values())
 
     def kernel(self, batched: tuple[bool, ...]) -> Kernel:
         """The compiled kernel for this input pattern, compiling it now if needed."""
@@ -205,7 +221,7 @@ def _compile(p: ScalarProgram, batched: tuple[bool, ...], layout: str):
 
         lines += _body(p, lambda k, j: element(f"X{k}", "b" if batched[k] else "0", j),
                        lambda k, j: element(f"Y{k}", "b", j), "        ")
-    return compile_function(lines, "jit program", "kernel", fastmath=False, cache=False)
+    return compile_function(lines, "jit program", "kernel", ops=p.ops.values(), fastmath=False, cache=False)
 
 
 def _body(p: ScalarProgram, read, write, indent: str) -> list[str]:
@@ -227,7 +243,7 @@ def _body(p: ScalarProgram, read, write, indent: str) -> list[str]:
             lines.append(f"{indent}i{int(var)} = {read(k, j)}")
     for var, op, args in p.instrs:
         names[var] = f"v{var}"
-        lines.append(f"{indent}v{var} = {expression(op, [name_of(a) for a in args], 'compiled')}")
+        lines.append(f"{indent}v{var} = {expression(p.ops[op], [name_of(a) for a in args], 'compiled')}")
     for k, (_, _, ids) in enumerate(p.outputs):
         for j, var in enumerate(ids.reshape(-1)):
             lines.append(f"{indent}{write(k, j)} = {name_of(int(var))}")

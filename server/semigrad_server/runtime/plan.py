@@ -70,13 +70,13 @@ class Plan:
         self.types = {ref: types[ref] for ref in slots}
         self.item_elements = sum(t.size for t in self.types.values()) or 1
 
-        kinds = {node.id: registry.get(node).kind for node in live_order}
+        ops = {node.id: registry.get(node) for node in live_order}
         constant = set()  # nodes that depend on constants only (candidates for folding)
         for node in live_order:
-            if kinds[node.id] not in ("hook", "semiring") and all(r in constant for r in node.inputs) \
+            if ops[node.id].kind not in ("hook", "semiring") and all(r in constant for r in node.inputs) \
                     and types[node.id].size <= MAX_FOLDED_ELEMENTS:
                 constant.add(node.id)
-        groups = fusion_groups(live_order, kinds, types, kept={ref for _, ref in outputs},
+        groups = fusion_groups(live_order, ops, types, kept={ref for _, ref in outputs},
                                excluded=constant | set(map_components))
         absorbed = {n.id for g in groups.values() for n in g.members if n.id != g.root}
 

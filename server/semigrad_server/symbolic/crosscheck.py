@@ -24,11 +24,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import FailedPrecondition, InvalidArgument
-from ..ops import REGISTRY
 from ..runtime import Plan
 from .compare import ATOL, RTOL, within, worst
-from .finite_diff import (ANALYTIC_OPS, DEFAULT_STEP, analytic_expression, central_jacobian,
-                          complex_step_jacobian)
+from .finite_diff import DEFAULT_STEP, central_jacobian, complex_step_jacobian
 from .gradient import evaluate as evaluate_symbolic
 from .gradient import symbolic_jacobian
 from .localise import NodeCheck, check_nodes
@@ -237,10 +235,7 @@ def _finite_difference(engine, cg, point, wrt, outputs, step, richardson, deadli
 
 def _complex_step(engine, cg, point, wrt, outputs) -> MethodResult:
     for node in cg.order:
-        if node.op in ANALYTIC_OPS:
-            continue
-        op = cg.registry.get(node)
-        if node.op not in REGISTRY.ops and analytic_expression(op.expression):  # an analytic custom op
+        if cg.registry.get(node).analytic:
             continue
         return MethodResult("complex_step", False, f"not run: op '{node.op}' (node '{node.id}') is not analytic")
     out_types = {o: cg.types[cg.graph.output_map[o]] for o in outputs}

@@ -19,7 +19,7 @@ from ..errors import InvalidArgument
 from ..ir import OpDefinition
 from ..ops import REGISTRY, OpDef, Registry
 from ..ops.custom import custom_op
-from ..ops.elementwise import SYMPY_FUNCTIONS
+from .finite_diff import analytic_expression
 from .numeric import lambdify
 from .parse import check_identifier, operand_symbols, parse_expression
 
@@ -113,7 +113,8 @@ def _build(d: OpDefinition) -> OpDef:
             partial = without_dirac(sp.diff(expression, symbol))
         check_translatable(partial, f"{what}: derivative for '{name}'")
         partials.append(partial)
-    return custom_op(d.name, symbols, expression, partials, lambdify(symbols, expression), d.doc)
+    return custom_op(d.name, symbols, expression, partials, lambdify(symbols, expression), d.doc,
+                     analytic=analytic_expression(expression, REGISTRY))
 
 
 def without_dirac(expr: sp.Expr) -> sp.Expr:
@@ -128,7 +129,7 @@ def check_translatable(expr: sp.Expr, what: str) -> None:
     for sub in sp.preorder_traversal(expr):
         if sub.is_Symbol or sub.is_number or isinstance(sub, (sp.Add, sp.Mul, sp.Pow)):
             continue
-        if isinstance(sub, sp.Function) and type(sub) in SYMPY_FUNCTIONS:
+        if isinstance(sub, sp.Function) and type(sub) in REGISTRY.by_sympy_function():
             continue
         raise InvalidArgument(f"{what}: '{sub}' has no built-in op to compute it in a backward pass")
 

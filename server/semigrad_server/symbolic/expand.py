@@ -1,12 +1,12 @@
 """A registered graph → SymPy scalar expressions: one symbol per input element, one
 expression per element of every value (object arrays shaped like the values' types).
 
-Elementwise ops (built-in and custom) substitute their operands into their SymPy
-expression; `where` becomes a Piecewise, comparisons relationals; sums, means, maxima and
-matmuls become sums (Add), Max and products of elements; the structural ops run their own
-NumPy kernels on the object arrays (they only move elements). SymPy shares equal
-subexpressions, so the expressions are DAGs: `tree_size` measures what differentiating them
-would walk, and the caller bounds it.
+Each op expands itself (`OpDef.expand`) over `SympyElements`: elementwise ops (built-in
+and custom) substitute their operands into their SymPy form (`where` a Piecewise,
+comparisons relationals); sums become Add, maxima balanced trees of binary maxima; the
+structural ops run their own NumPy kernels on the object arrays (they only move elements).
+SymPy shares equal subexpressions, so the expressions are DAGs: `tree_size` measures what
+differentiating them would walk, and the caller bounds it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ import sympy as sp
 
 from ..errors import FailedPrecondition
 from ..ir import Type
-from ..ops.sym import maximum
 
 MAX_TERMS = 50_000  # scalar terms an expansion may create (elements of values, products of matmuls, ...)
-STRUCTURAL = frozenset({"reshape", "transpose", "broadcast_to", "index", "concat", "stack", "scatter_index"})
-RELATIONS = {"lt": sp.Lt, "le": sp.Le, "gt": sp.Gt, "ge": sp.Ge, "eq": sp.Eq, "ne": sp.Ne}
 
 
 @dataclass
@@ -46,7 +43,8 @@ def expand(cg, refs: Sequence[str], constants: Mapping[str, np.ndarray] | None =
             live.append(node)
             needed.update(node.inputs)
     live.reverse()
-    terms = sum(_terms(node, cg.types) for node in live) + sum(cg.types[r].size for r in needed if r in cg.inputs)
+    terms = sum(_terms(cg.registry.get(node), node, cg.types) for node in live) + \
+        sum(cg.types[r].size for r in needed if r in cg.inputs)
     if terms > max_terms:
         raise FailedPrecondition(f"the symbolic expansion of this graph needs about {terms} scalar terms; the "
                                  f"limit is {max_terms} (cross-check without the 'symbolic' method, or use a "
@@ -68,11 +66,15 @@ def expand(cg, refs: Sequence[str], constants: Mapping[str, np.ndarray] | None =
             ex.elements[symbol] = (spec.name, index)
         ex.symbols[spec.name] = symbols
         ex.values[spec.name] = symbols
+    elements = SympyElements(cg.registry)
     for node in live:
         op = cg.registry.get(node)
-        operands = [ex.values[r] for r in node.inputs]
-        ex.values[node.id] = _node(op, node, operands, [cg.types[r] for r in node.inputs], cg.types[node.id],
-                                   cg.attrs[node.id])
+        if op.expand is None:
+            raise FailedPrecondition(f"the symbolic backend cannot expand op '{op.name}' (node '{node.id}'): it "
+                                     f"has no element-level form")
+        value = op.expand(elements, [ex.values[r] for r in node.inputs], cg.attrs[node.id],
+                          [cg.types[r] for r in node.inputs], cg.types[node.id])
+        ex.values[node.id] = _as_sympy(value)
     return ex
 
 
@@ -81,15 +83,9 @@ def element_name(name: str, index: tuple[int, ...]) -> str:
     return f"{name}[{', '.join(map(str, index))}]" if index else name
 
 
-def _terms(node, types: Mapping[str, Type]) -> int:
-    if node.op in STRUCTURAL:
-        return 0
-    if node.op == "matmul":
-        a = types[node.inputs[0]]
-        return types[node.id].size * max(1, a.shape[-1] if a.rank else 1)
-    if node.op in ("sum", "mean", "max"):
-        return types[node.inputs[0]].size + types[node.id].size
-    return types[node.id].size
+def _terms(op, node, types: Mapping[str, Type]) -> int:
+    cost = op.scalar_cost([types[r] for r in node.inputs], types[node.id])
+    return cost + types[node.id].size if cost != types[node.id].size and not op.moves_elements else cost
 
 
 def _number(value) -> sp.Expr:
@@ -122,21 +118,39 @@ def _as_sympy(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _map(fn, operands: list[np.ndarray], shape: tuple, numeric=None, dtypes=()) -> np.ndarray:
-    """fn per element; elements whose operands are all numbers go to `numeric` (the op's NumPy
-    kernel) instead, so SymPy never evaluates a function of a number (which for huge numbers,
-    say sin(exp(exp(700))), can recurse without end or not finish)."""
-    out = np.empty(shape, dtype=object)
-    aligned = [np.broadcast_to(a, shape) for a in operands]
-    for index in np.ndindex(*shape):
-        args = [a[index] for a in aligned]
-        if numeric is not None and all(_is_number(a) for a in args):
+class SympyElements:
+    """Elements as SymPy expressions (see ops.base.Elements). An op applied to numbers only
+    runs the op's NumPy function instead, so SymPy never evaluates a function of a number
+    (which for huge numbers, say sin(exp(exp(700))), can recurse without end or not finish)."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    def apply(self, op: str, args: tuple):
+        opdef = self.registry.ops[op]
+        if all(_is_number(a) for a in args):
             with np.errstate(all="ignore"):
-                out[index] = _number(np.asarray(numeric(*(np.asarray(_plain(a), dtype=d) for a, d in
-                                                          zip(args, dtypes)))).item())
-        else:
-            out[index] = fn(*args)
-    return out
+                return _number(np.asarray(opdef.elementwise_fn(*(_plain(a) for a in args))).item())
+        return opdef.sympy_apply(*args)
+
+    def reduce(self, op: str, row: list, empty):
+        if not row:
+            return empty
+        if op == "add":
+            return sp.Add(*row)
+        while len(row) > 1:  # a balanced tree: never an n-ary Max (see ops.sym.maximum)
+            row = [self.apply(op, (row[k], row[k + 1])) if k + 1 < len(row) else row[k]
+                   for k in range(0, len(row), 2)]
+        return row[0]
+
+    def number(self, value):
+        return _number(value)
+
+    def semiring_zero(self):
+        return sp.Integer(0)
+
+    def semiring_one(self):
+        return sp.Integer(1)
 
 
 def _is_number(value) -> bool:
@@ -145,89 +159,8 @@ def _is_number(value) -> bool:
 
 def _plain(value):
     if value is sp.true or value is sp.false:
-        return bool(value)
-    return int(value) if value.is_Integer else float(value)
-
-
-def _boolean(value):
-    return value if isinstance(value, sp.logic.boolalg.Boolean) else sp.Ne(value, 0)
-
-
-def _reduce(x: np.ndarray, axes, keepdims: bool, combine) -> np.ndarray:
-    rank = x.ndim
-    axes = tuple(range(rank)) if axes is None else tuple(sorted(a % rank for a in axes))
-    kept = [i for i in range(rank) if i not in axes]
-    moved = x.transpose(kept + list(axes))
-    out_shape = tuple(x.shape[i] for i in kept)
-    rows = moved.reshape(int(np.prod(out_shape, dtype=np.int64)), -1)
-    out = np.empty(rows.shape[0], dtype=object)
-    for k, row in enumerate(rows):
-        out[k] = combine(list(row))
-    out = out.reshape(out_shape)
-    if keepdims:
-        out = out.reshape(tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
-    return out
-
-
-def _tree_max(row: list) -> sp.Expr:
-    """max of a row as a balanced tree of binary maxima (never an n-ary Max: see ops.sym.maximum)."""
-    if not row:
-        return sp.S.NegativeInfinity
-    while len(row) > 1:
-        row = [maximum(row[k], row[k + 1]) if k + 1 < len(row) else row[k] for k in range(0, len(row), 2)]
-    return row[0]
-
-
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a2 = a[None, :] if a.ndim == 1 else a
-    b2 = b[:, None] if b.ndim == 1 else b
-    lead = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-    a3 = np.broadcast_to(a2, lead + a2.shape[-2:])
-    b3 = np.broadcast_to(b2, lead + b2.shape[-2:])
-    m, k, n = a3.shape[-2], a3.shape[-1], b3.shape[-1]
-    out = np.empty(lead + (m, n), dtype=object)
-    for index in np.ndindex(*lead):
-        for i in range(m):
-            for j in range(n):
-                out[index + (i, j)] = sp.Add(*[a3[index + (i, q)] * b3[index + (q, j)] for q in range(k)])
-    if b.ndim == 1:
-        out = out[..., 0]
-    if a.ndim == 1:
-        out = out[..., 0, :] if b.ndim > 1 else out[..., 0]
-    return out
-
-
-def _node(op, node, operands, in_types, out_type: Type, attrs: dict) -> np.ndarray:
-    name = node.op
-    if name == "const":
-        return _numbers(np.asarray(attrs["value"]))
-    if op.kind in ("elementwise", "comparison"):
-        numeric = op.kernel(attrs, [Type((), t.dtype) for t in in_types], Type((), out_type.dtype))
-        dtypes = [t.dtype for t in in_types]
-    if name == "where":
-        return _map(lambda c, a, b: sp.Piecewise((a, _boolean(c)), (b, True)), operands, out_type.shape,
-                    numeric, dtypes)
-    if name in RELATIONS:
-        relation = RELATIONS[name]
-        return _map(lambda a, b: relation(a, b), operands, out_type.shape, numeric, dtypes)
-    if op.kind == "elementwise" and op.expression is not None:
-        symbols = tuple(sp.Symbol(s, real=True) for s in op.operands)
-        expression = op.expression
-        return _map(lambda *args: expression.xreplace(dict(zip(symbols, args))), operands, out_type.shape,
-                    numeric, dtypes)
-    if name == "sum":
-        return _reduce(operands[0], attrs["axes"], attrs["keepdims"], lambda row: sp.Add(*row))
-    if name == "mean":
-        return _reduce(operands[0], attrs["axes"], attrs["keepdims"],
-                       lambda row: sp.Add(*row) / len(row) if row else sp.nan)
-    if name == "max":
-        return _reduce(operands[0], attrs["axes"], attrs["keepdims"], _tree_max)
-    if name == "matmul":
-        return _matmul(*operands)
-    if name in STRUCTURAL:
-        kernel = op.kernel(attrs, in_types, out_type)
-        return _as_sympy(np.asarray(kernel(*operands), dtype=object).reshape(out_type.shape))
-    raise FailedPrecondition(f"node '{node.id}': op '{name}' has no symbolic form")
+        return np.bool_(bool(value))
+    return np.float64(float(value))
 
 
 def tree_size(exprs, limit: int, memo: dict | None = None) -> int:

@@ -18,11 +18,6 @@ from ..ir import Type
 
 DEFAULT_STEP = 6e-6  # ≈ cube root of float64 epsilon: balances truncation and rounding error
 COMPLEX_STEP = 1e-20
-# Ops whose kernels are analytic and accept complex arrays (custom ops: see `analytic_expression`).
-ANALYTIC_OPS = frozenset({"add", "sub", "mul", "div", "neg", "pow", "square", "sqrt", "exp", "log", "log1p",
-                          "expm1", "sin", "cos", "tan", "tanh", "const", "matmul", "sum", "mean", "reshape",
-                          "transpose", "broadcast_to", "index", "concat", "stack", "scatter_index"})
-ANALYTIC_FUNCTIONS = frozenset({"sin", "cos", "tan", "tanh", "exp", "log", "log1p", "expm1"})
 
 Evaluate = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
@@ -83,15 +78,15 @@ def _block(d: np.ndarray, t: Type, in_shape: tuple) -> np.ndarray:
     return np.moveaxis(d, 0, -1).reshape(t.shape + tuple(in_shape))
 
 
-def analytic_expression(expression) -> bool:
-    """Whether a custom op's SymPy expression uses only analytic functions (+ - * / **, exp, ...)."""
+def analytic_expression(expression, registry) -> bool:
+    """Whether a custom op's SymPy expression uses only functions of ops declared analytic
+    (+ - * / **, exp, sin, ...)."""
     import sympy as sp
 
-    from .numeric import CALLS
-
+    functions = registry.by_sympy_function()
     for sub in sp.preorder_traversal(expression):
         if isinstance(sub, sp.Function):
-            call = CALLS.get(type(sub), "")
-            if call.removeprefix("numpy.") not in ANALYTIC_FUNCTIONS:
+            op = functions.get(type(sub))
+            if op is None or not op.analytic:
                 return False
     return True

@@ -19,10 +19,10 @@ from sympy.printing.str import StrPrinter
 
 from .expand import element_name
 from .gradient import SymbolicJacobian, simplified, sympy_failures, symbolic_jacobian
-from .numeric import Printer, helper_source
+from .numeric import HELPERS, Printer, helper_source
 
 IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
-RESERVED = frozenset({"numpy", "math", "jacobian", "sigmoid", "softplus", "relu", "erf", "heaviside", "dirac_delta"})
+RESERVED = frozenset({"numpy", "math", "jacobian", *HELPERS})
 
 
 @dataclass

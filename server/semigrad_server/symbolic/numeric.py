@@ -11,6 +11,7 @@ heaviside), taken as 0 like the built-in ops' derivative rules; and `Piecewise` 
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable, Mapping, Sequence
 
@@ -19,35 +20,36 @@ import sympy as sp
 from sympy.printing.numpy import NumPyPrinter
 
 from ..errors import FailedPrecondition
-from ..ops.elementwise import ELEMENTWISE
-from ..ops.sym import expm1, log1p, maximum, minimum, relu, sigmoid, softplus
-
-_KERNELS = {name: fn for name, _, fn, _, _ in ELEMENTWISE}
+from ..ops import REGISTRY
 
 
 def _zero(x, *orders):
     return np.zeros_like(np.asarray(x, dtype=np.float64))
 
 
-# SymPy function -> name called in generated code.
-CALLS: dict[type, str] = {
-    sp.sin: "numpy.sin", sp.cos: "numpy.cos", sp.tan: "numpy.tan", sp.tanh: "numpy.tanh", sp.exp: "numpy.exp",
-    sp.log: "numpy.log", log1p: "numpy.log1p", expm1: "numpy.expm1", sp.sign: "numpy.sign", sp.Abs: "numpy.abs",
-    sp.Max: "numpy.maximum", sp.Min: "numpy.minimum", maximum: "numpy.maximum", minimum: "numpy.minimum",
-    sigmoid: "sigmoid", softplus: "softplus", relu: "relu", sp.erf: "erf", sp.Heaviside: "heaviside",
-    sp.DiracDelta: "dirac_delta",
-}
-# Helpers that are not NumPy functions: the kernel used when evaluating here, and the
-# definition written into stand-alone source (the same function, importing only math/numpy).
-HELPERS: dict[str, tuple[Callable, str]] = {
-    "sigmoid": (_KERNELS["sigmoid"], "def sigmoid(x):\n    return numpy.exp(-numpy.logaddexp(0.0, -x))\n"),
-    "softplus": (_KERNELS["softplus"], "def softplus(x):\n    return numpy.logaddexp(0.0, x)\n"),
-    "relu": (_KERNELS["relu"], "def relu(x):\n    return numpy.maximum(x, 0)\n"),
-    "erf": (_KERNELS["erf"], "erf = numpy.vectorize(math.erf, otypes=[numpy.float64])\n"),
-    "heaviside": (_KERNELS["heaviside"], "def heaviside(x):\n    return numpy.heaviside(x, 0.5)\n"),
-    "dirac_delta": (_zero, "def dirac_delta(x, *orders):  # derivative of a step: 0 (as the op rules take it)\n"
-                           "    return numpy.zeros_like(numpy.asarray(x, dtype=numpy.float64))\n"),
-}
+def _numpy_name(fn) -> str | None:
+    name = getattr(fn, "__name__", None)
+    return f"numpy.{name}" if name and getattr(np, name, None) is fn else None
+
+
+def _tables():
+    """SymPy function -> the name generated code calls, and the helpers (functions that are not
+    NumPy's) as (the kernel evaluated here, its stand-alone definition): both from the ops."""
+    calls: dict[type, str] = {sp.Max: "numpy.maximum", sp.Min: "numpy.minimum", sp.DiracDelta: "dirac_delta"}
+    helpers: dict[str, tuple[Callable, str]] = {
+        "dirac_delta": (_zero, "def dirac_delta(x, *orders):  # derivative of a step: 0 (as the op rules take it)\n"
+                               "    return numpy.zeros_like(numpy.asarray(x, dtype=numpy.float64))\n"),
+    }
+    for function, op in REGISTRY.by_sympy_function().items():
+        call = _numpy_name(op.elementwise_fn)
+        if call is None:
+            call = op.name
+            helpers[op.name] = (op.elementwise_fn, op.source or inspect.getsource(op.elementwise_fn))
+        calls[function] = call
+    return calls, helpers
+
+
+CALLS, HELPERS = _tables()
 NAMESPACE: dict[str, object] = {"numpy": np, "math": math, **{name: fn for name, (fn, _) in HELPERS.items()}}
 
 

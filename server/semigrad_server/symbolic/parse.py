@@ -2,7 +2,7 @@
 
 An expression is made of numbers, the named operands, `+ - * / **`, unary `-` and `+`,
 parentheses, and calls of the elementwise op functions (`sin(x)`, `maximum(x, y)`, ... —
-every elementwise op of `ops.elementwise.ELEMENTWISE`, by its op name). Everything else is
+every elementwise op of the registry that has a SymPy expression, by its op name). Everything else is
 refused with InvalidArgument naming the offending piece. Request text never reaches `eval`,
 `exec`, `sympify` or `parse_expr`: `ast.parse` only parses it, and the SymPy objects are
 built here, node by node.
@@ -28,8 +28,7 @@ import numpy as np
 import sympy as sp
 
 from ..errors import InvalidArgument
-from ..ops.elementwise import ELEMENTWISE
-from ..ops.sym import X, Y
+from ..ops import REGISTRY
 
 MAX_CHARS = 2000  # characters of one expression
 MAX_BRACKET_DEPTH = 32  # nesting of parentheses
@@ -46,12 +45,8 @@ ALLOWED_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) | frozenset("\t\r\n
 
 
 def _function_table() -> dict[str, tuple[int, Callable]]:
-    table = {}
-    for name, expr, fn, _, _ in ELEMENTWISE:
-        symbols = tuple(s for s in (X, Y) if s in expr.free_symbols)
-        build = lambda *args, expr=expr, symbols=symbols: expr.xreplace(dict(zip(symbols, args)))  # noqa: E731
-        table[name] = (len(symbols), build, fn)
-    return table
+    return {op.name: (len(op.operands), op.sympy_apply, op.elementwise_fn) for op in REGISTRY
+            if op.kind == "elementwise" and op.expression is not None}
 
 
 # Op name -> (arity, builder of the SymPy expression from argument expressions, NumPy kernel).
