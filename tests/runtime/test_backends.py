@@ -1,5 +1,6 @@
 """Every execution backend agrees with the reference tensor engine: bit-for-bit or within a
-few ulps (the scalar forms sum in a different order than NumPy's pairwise reductions)."""
+few ulps (the scalar forms sum in a different order than NumPy's pairwise reductions). Each op
+on each backend: tests/ops/test_completeness.py."""
 
 from __future__ import annotations
 
@@ -9,32 +10,15 @@ import numpy as np
 import pytest
 import semigrad as sg
 from reference import det_gradient, det_graph
-from test_op_gradients import CASES, build
 
 ULPS = dict(rtol=4e-15, atol=4e-15)
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
-
-
-def inputs_for(case, rng, batch):
-    _, _, _, shapes, samplers = case
-    return {f"x{i}": sampler(rng, (batch if i == 0 else ()) + shape)
-            for i, (shape, sampler) in enumerate(zip(shapes, samplers))}
 
 
 def assert_same(got: dict, want: dict, **tolerance):
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], **(tolerance or ULPS), err_msg=name)
-
-
-@pytest.mark.parametrize("batch", [(), (3,)], ids=["single", "batched"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_scalar_backend_matches_the_tensor_engine(client, rng, case, batch):
-    f = client.register(build(case))
-    inputs = inputs_for(case, rng, batch)
-    assert_same(f.evaluate(inputs, backend="scalar"), f.evaluate(inputs, backend="tensor"))
-    seeds = {"out": rng.normal(size=f.evaluate(inputs)["out"].shape)}
-    assert_same(f.gradient(inputs, seeds=seeds, backend="scalar"), f.gradient(inputs, seeds=seeds, backend="tensor"))
 
 
 def ieee_graph():
