@@ -124,6 +124,14 @@ ne = _binary("ne", _boolean, "x != y")
 
 
 
+def elementwise(op: str, *operands, name: str | None = None):
+    """Any elementwise op the server lists (``Client.list_ops()``), by name, on broadcast
+    operands: ``elementwise("asinh", x)`` is ``asinh(x)``. The server checks op and arity."""
+    operands = _handles(list(operands))
+    infer = partial(shapes.broadcast, *(x.shape for x in operands))
+    return _node(op, operands, {}, infer, None, name)
+
+
 def where(cond, a, b, *, name: str | None = None):
     """Elementwise ``a if cond else b`` (``cond`` must be bool; no gradient flows through it)."""
     cond, a, b = _handles([cond, a, b])

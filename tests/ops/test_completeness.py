@@ -211,3 +211,42 @@ def test_reverse_over_reverse_gives_second_derivatives(rng, case):
             down = grad_plan.run({**point, x: point[x] - step, **seed})
             want[index] = sum(np.sum((up[n] - down[n]) * v[f"seed:{n}"]) for n in names) / (2 * h[index])
         np.testing.assert_allclose(got.get(x, np.zeros(point[x].shape)), want, rtol=1e-5, atol=1e-6, err_msg=x)
+
+
+def _semirings() -> list[str]:
+    """Every installed semiring plugin but the real one (the entry points, as the server finds them)."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.name for ep in entry_points(group="semigrad.semirings")} - {"real"})
+
+
+@pytest.mark.parametrize("semiring", _semirings())
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_semiring(client, rng, case, semiring):
+    """Each op's adjoint under every installed semiring: the backward pass's path sums equal
+    brute-force enumeration of the graph's paths."""
+    f = client.register(build(case))
+    report = f.crosscheck(inputs_for(case, rng), semiring=semiring, methods=["reverse", "path_enumeration"])
+    assert report.method("path_enumeration").ran, report.method("path_enumeration").detail
+    assert report.passed, str(report)
+
+
+@pytest.fixture(scope="module", params=["inline", "shared_memory"])
+def transport_client(request, server_address):
+    with sg.Client(server_address, shared_memory=request.param == "shared_memory") as c:
+        yield c
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_transport(client, transport_client, rng, case, request):
+    """Unary and streamed calls, inline and through shared memory, give the tensor engine's bits."""
+    if transport_client.shared_memory is True and case[0] in ("matmul", "composite"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 12: a matmul result written into the "
+                                                                  "shared-memory output region as if elementwise"))
+    inputs = inputs_for(case, rng, (5,))
+    want = client.register(build(case)).gradient(inputs, backend="tensor")
+    f = transport_client.register(build(case))
+    for got in (f.gradient(inputs, backend="tensor", return_outputs=True)[0],
+                f.gradient_many(inputs, chunk_size=2, backend="tensor", return_outputs=True)):
+        assert_same(got, want, rtol=0, atol=0)
+        assert_same(got.outputs, f.evaluate(inputs, backend="tensor"), rtol=0, atol=0)
