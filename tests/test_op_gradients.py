@@ -66,6 +66,7 @@ CASES = [
     ("cos", sg.cos, np.cos, [(4,)], [normal]),
     ("tan", sg.tan, np.tan, [(4,)], [small]),
     ("tanh", sg.tanh, np.tanh, [(4,)], [normal]),
+    ("asinh", lambda x: sg.elementwise("asinh", x), np.arcsinh, [(4,)], [normal]),
     ("sigmoid", sg.sigmoid, lambda x: 1 / (1 + np.exp(-x)), [(4,)], [normal]),
     ("softplus", sg.softplus, lambda x: np.log1p(np.exp(x)), [(4,)], [normal]),
     ("abs", sg.abs, np.abs, [(4,)], [away_from_zero]),

@@ -132,6 +132,7 @@ ELEMENTWISE: list[Row] = [
     Row("cos", sp.cos(X), np.cos, "cosine", float_fn=math.cos, analytic=True),
     Row("tan", sp.tan(X), np.tan, "tangent", float_fn=math.tan, analytic=True),
     Row("tanh", sp.tanh(X), np.tanh, "hyperbolic tangent", float_fn=math.tanh, analytic=True),
+    Row("asinh", sp.asinh(X), np.arcsinh, "inverse hyperbolic sine", float_fn=math.asinh, analytic=True),
     Row("sigmoid", sym.sigmoid(X), sigmoid, "1 / (1 + exp(-x)), computed stably", float_fn=_f_sigmoid),
     Row("softplus", sym.softplus(X), softplus, "log(1 + exp(x)), computed stably", float_fn=_f_softplus),
     Row("abs", sp.Abs(X), np.abs, "absolute value; derivative sign(x)", float_fn=abs, fusible=True),
