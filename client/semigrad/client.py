@@ -27,9 +27,6 @@ from .v1 import semigrad_pb2 as pb
 from .v1 import semigrad_pb2_grpc as pb_grpc
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-# HTTP/2 and TCP tuning for large messages: none; see TRANSPORT_OPTIONS in
-# semigrad_server/service/server.py for what was measured (nothing beat the noise).
-TRANSPORT_OPTIONS: tuple[tuple[str, object], ...] = ()
 # shared_memory="auto": a call's tensors (request and expected response) from this many bytes
 # on go through shared memory. Measured crossover on loopback: see docs/performance.md.
 SHARED_MEMORY_THRESHOLD = 128 * 1024
@@ -91,10 +88,11 @@ class Client:
         self._pool_lock = threading.Lock()
         # Gives a call's region back; held by lent results, so it must not keep the client alive.
         self._release = _releaser(weakref.ref(self))
+        # No HTTP/2 or TCP tuning: see build_server in semigrad_server/service/server.py for what
+        # was measured (nothing beat the noise).
         channel_options = {
             "grpc.max_send_message_length": max_message_bytes,
             "grpc.max_receive_message_length": max_message_bytes,
-            **dict(TRANSPORT_OPTIONS),
             **dict(options or ()),
         }
         channel_options = list(channel_options.items())

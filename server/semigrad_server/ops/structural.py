@@ -19,10 +19,6 @@ from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, norma
 AXES = (AttrSpec("axes", "ints", doc="axes to reduce; absent: all"), AttrSpec("keepdims", "bool", default=False))
 
 
-def _lead(a: np.ndarray, rank: int) -> int:
-    return a.ndim - rank
-
-
 def full_index(index: tuple, rank: int) -> tuple:
     """Index over the item axes only, whatever leading axes the array has."""
     return (Ellipsis,) + tuple(index) + (slice(None),) * (rank - len(index))
