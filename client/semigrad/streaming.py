@@ -36,11 +36,11 @@ class Batch:
 
     def __init__(self, graph: RegisteredGraph, inputs: Mapping[str, object], seeds: Mapping[str, object]):
         self.graph = graph
-        self.inputs = {name: np.asarray(value, dtype=graph.input_specs[name].dtype if name in graph.input_specs
-                                        else None)
+        specs = graph.input_specs
+        self.inputs = {name: np.asarray(value, dtype=specs[name].dtype if name in specs else None)
                        for name, value in inputs.items()}
         self.seeds = {name: np.asarray(v) for name, v in seeds.items()}
-        self.batched = {name for name, a in self.inputs.items() if _has_batch(a, graph.input_specs.get(name))}
+        self.batched = {name for name, a in self.inputs.items() if _has_batch(a, specs.get(name))}
         sizes = {self.inputs[name].shape[0] for name in self.batched}
         if len(sizes) > 1:
             raise ValueError(f"batched inputs disagree on the first batch axis: {sorted(sizes)}")
@@ -48,8 +48,8 @@ class Batch:
 
     def chunk(self, start: int, items: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The inputs and seeds of items start..start + items (values without batch axes whole)."""
-        return _cut(self.inputs, self.graph.input_specs, start, items, self.batched), \
-            _cut(self.seeds, self.graph.output_specs, start, items, self.batched)
+        inputs = _cut(self.inputs, self.graph.input_specs, start, items, self.batched)
+        return inputs, _cut(self.seeds, self.graph.output_specs, start, items, self.batched)
 
 
 def _cut(values: Mapping[str, np.ndarray], specs: Mapping[str, TensorSpec], start: int, items: int,
