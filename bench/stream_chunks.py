@@ -7,7 +7,7 @@ in alternation (so that every cell sees the same load): one unary Gradient call 
 batch, gradient_many with its default chunks, and gradient_many with chunks of a fixed number of
 bytes (`--chunk-mib`). The table gives each as a ratio to the unary call of the same transport
 in the same run (below 1: the stream is faster). The client's defaults
-(STREAM_CHUNK_BYTES_SHARED, STREAM_CHUNK_BYTES_INLINE in client/semigrad/client.py) come from
+(STREAM_CHUNK_BYTES_SHARED, STREAM_CHUNK_BYTES_INLINE in client/semigrad/streaming.py) come from
 this table.
 
 Run from the repo root:  .venv/bin/python bench/stream_chunks.py [--only det7 --only mlp] [--quick]
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 import semigrad
-from semigrad import client as client_module
+from semigrad import streaming
 from semigrad_server.service import build_server
 
 from common import fmt, machine_info, markdown_table, rerun_command, section, settle
@@ -68,18 +68,11 @@ def worst_error(got: dict, want: dict) -> float:
     return worst
 
 
-def chunk_size(f, batch: dict, n: int, wrt: list[str], mib: float | None) -> int:
-    """gradient_many's own default chunk_size for `n` items, with its byte target set to `mib` MiB
+def chunk_size(f, batch: dict, wrt: list[str], mib: float | None) -> int:
+    """gradient_many's own default chunk_size for the batch, with its byte target set to `mib` MiB
     (None: the client's default for its transport)."""
-    saved = client_module.STREAM_CHUNK_BYTES_SHARED, client_module.STREAM_CHUNK_BYTES_INLINE
-    if mib is not None:
-        client_module.STREAM_CHUNK_BYTES_SHARED = client_module.STREAM_CHUNK_BYTES_INLINE = int(mib * (1 << 20))
-    try:
-        first = {name: a[:1] for name, a in batch.items()
-                 if name in f.input_specs and a.ndim > len(f.input_specs[name].shape)}
-        return f._default_chunk_size(first, {}, n, {"wrt": wrt})
-    finally:
-        client_module.STREAM_CHUNK_BYTES_SHARED, client_module.STREAM_CHUNK_BYTES_INLINE = saved
+    target = None if mib is None else int(mib * (1 << 20))
+    return streaming.default_chunk_size(streaming.Batch(f, batch, {}), {"wrt": wrt}, target)
 
 
 def bench_workload(w, transport: str, client: semigrad.Client, args) -> list[str]:
@@ -88,11 +81,11 @@ def bench_workload(w, transport: str, client: semigrad.Client, args) -> list[str
     batch = w.batched.sample(rng, args.batch)
     wrt = list(w.wrt)
     f = client.register(w.graph(w.batched))
-    default_items = chunk_size(f, batch, args.batch, wrt, None)
+    default_items = chunk_size(f, batch, wrt, None)
     calls = {"unary": lambda: f.gradient(batch, wrt=wrt),
              "default": lambda: f.gradient_many(batch, wrt=wrt, progress=False)}
     for mib in args.chunk_mib:
-        items = chunk_size(f, batch, args.batch, wrt, mib)
+        items = chunk_size(f, batch, wrt, mib)
         calls[f"{mib:g} MiB"] = lambda items=items: f.gradient_many(batch, wrt=wrt, chunk_size=items, progress=False)
     with section(f"{w.name}, {transport}: check"):
         want = w.reference_gradient(batch)

@@ -481,7 +481,7 @@ def semigrad_wire_sizes(port: int, w: Workload, single: dict) -> tuple[int, int]
         request = pb.GradientRequest(graph_id=f.id, wrt=list(w.wrt),
                                      inputs={k: codec.to_tensor(np.asarray(v)) for k, v in single.items()})
         raw = request.SerializeToString()
-        reply = client._channel.unary_unary("/semigrad.v1.GraphService/Gradient")(raw)
+        reply = client.transport.channel.unary_unary("/semigrad.v1.GraphService/Gradient")(raw)
     return len(raw), len(reply)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import semigrad as sg
 from reference import det_gradient, det_graph
-from semigrad import codec
+from semigrad import codec, messages
 from semigrad import shared_memory as sm
 from semigrad.shared_memory import SHM_DIR, Region, is_local_target
 from semigrad.v1 import semigrad_pb2 as pb
@@ -243,7 +243,7 @@ def test_the_client_offers_too_little_room_and_still_gets_everything(shared_clie
     g.output("outer", sg.reshape(x, (4, 1)) * sg.reshape(x, (1, 4)))  # 4× the input's size
     f = shared_client.register(g)
     xs = rng.normal(size=(50_000, 4))
-    monkeypatch.setattr(sg.RegisteredGraph, "_gradient_result_bytes", lambda self, request, arrays: xs.nbytes + 64)
+    monkeypatch.setattr(messages, "gradient_result_bytes", lambda graph, request, arrays: xs.nbytes + 64)
     seen = []
     original = sm.Placement.lend
     monkeypatch.setattr(sm.Placement, "lend", lambda self, t: seen.append(t.WhichOneof("payload")) or original(self, t))
@@ -518,7 +518,7 @@ def test_results_held_after_the_client_is_dropped_stay_valid_and_free_their_regi
     grads = f.gradient({"A": batch})["A"]
     names = c.shared_memory_regions()
     alive = weakref.ref(c)
-    c._channel.close()
+    c.transport.channel.close()
     del c, f
     gc.collect()
     assert alive() is None  # lent results do not keep the client (and its channel) alive

@@ -66,7 +66,8 @@ class Calls:
     def __init__(self, client, monkeypatch):
         self.unary: list[str] = []
         self.stream_chunks: list[int] = []
-        call, stream = client._call, client._stream
+        transport = client.transport
+        call, stream = transport.call, transport.stream
 
         def counting_call(method, request):
             self.unary.append(method)
@@ -81,8 +82,8 @@ class Calls:
                     yield r
             return stream(method, counted())
 
-        monkeypatch.setattr(client, "_call", counting_call)
-        monkeypatch.setattr(client, "_stream", counting_stream)
+        monkeypatch.setattr(transport, "call", counting_call)
+        monkeypatch.setattr(transport, "stream", counting_stream)
 
 
 @pytest.fixture(params=[False, True], ids=["inline", "shared memory"])
@@ -102,13 +103,13 @@ def test_a_batch_that_fits_one_default_chunk_is_one_gradient_call(any_client, rn
 
 
 def test_the_default_chunk_is_sized_by_bytes(any_client, rng, monkeypatch):
-    from semigrad import client as client_module
+    from semigrad import streaming
 
     f = any_client.register(det_graph(3))
     batch = rng.normal(size=(1000, 3, 3))
     # per item: 72 B of input, 72 B of gradient and 64 B of header per result tensor
     for target in ("STREAM_CHUNK_BYTES_SHARED", "STREAM_CHUNK_BYTES_INLINE"):
-        monkeypatch.setattr(client_module, target, 100 * (72 + 72 + 64))
+        monkeypatch.setattr(streaming, target, 100 * (72 + 72 + 64))
     calls = Calls(any_client, monkeypatch)
     grads = f.gradient_many({"A": batch}, progress=False)
     assert calls.stream_chunks == [10] and calls.unary == []

@@ -4,7 +4,7 @@ Build a :class:`Graph` with operators and the op functions, register it with a
 :class:`Client`, then evaluate it or its gradients with the returned :class:`RegisteredGraph`.
 """
 
-from .client import Client, Gradients, RegisteredGraph
+from .client import Client, RegisteredGraph
 from .description import BackwardGraph, BackwardNode, GraphDescription, NodeDerivative, NodeDescription
 from .errors import (
     Cancelled,
@@ -63,6 +63,7 @@ from .functions import (
 )
 from .graph import CustomOp, Graph, Handle
 from .hooks import Contribution, PreHook, ServerHook
+from .messages import Gradients
 from .reports import CrossCheckReport, Formulas, SymbolicGradient
 from .specs import AttrSpec, BestPath, DerivativeRule, OpInfo, PathStep, SemiringInfo, TensorSpec
 from .viz import render_dot

@@ -1,5 +1,7 @@
 """Client against an in-process fake GraphService (no semigrad server involved)."""
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ class FakeService(pb_grpc.GraphServiceServicer):
 
     def __init__(self):
         self.graphs, self.last = {}, None
+        self.list_ops_seconds = 0.0  # how long ListOps takes
 
     def RegisterGraph(self, request, context):
         self.graphs["g1"] = request.graph
@@ -43,6 +46,7 @@ class FakeService(pb_grpc.GraphServiceServicer):
         return pb.GradientResponse(gradients={"x": codec.to_tensor(2 * x * seed)}, outputs=outputs)
 
     def ListOps(self, request, context):
+        time.sleep(self.list_ops_seconds)
         return pb.ListOpsResponse(ops=[pb.OpInfo(
             name="sin", arity=1, operands=["x"], kind="elementwise", expression="sin(x)",
             attrs=[pb.AttrSpec(name="a", kind="int")],
@@ -110,3 +114,14 @@ def test_unavailable():
     with semigrad.Client("127.0.0.1:1", timeout=2) as client:
         with pytest.raises((semigrad.Unavailable, semigrad.DeadlineExceeded)):
             client.list_ops()
+
+
+def test_a_timeout_set_on_the_client_is_the_deadline_of_later_calls(env):
+    client, service = env
+    service.list_ops_seconds = 1.0
+    client.timeout = 0.1
+    assert client.timeout == 0.1
+    with pytest.raises(semigrad.DeadlineExceeded):
+        client.list_ops()
+    client.timeout = 10
+    assert [op.name for op in client.list_ops()] == ["sin"]

@@ -12,6 +12,7 @@ from importlib import metadata
 
 from . import __version__
 from .limits import Limits
+from .plugin_loader import load_entry_point
 from .semiring.base import API_VERSION, Semiring
 from .semiring.checker import SAMPLES, law_results
 from .semiring.loader import GROUP, SemiringRegistry
@@ -225,8 +226,7 @@ def _check_entry_point(ep, samples, seed, params, out) -> int:
     record = _quietly(SemiringRegistry, entry_points=[ep]).records[0]
     print(f"loader status: {record.status}" + (f" ({record.error})" if record.error else ""), file=out)
     try:
-        obj = ep.load()
-        semiring = obj() if isinstance(obj, type) else obj
+        semiring = load_entry_point(ep)
     except Exception as e:
         print(f"FAIL  cannot load: {type(e).__name__}: {e}", file=out)
         return 1

@@ -45,7 +45,7 @@ NUMBA_MIN_WORK = 1 << 14
 # Elements of the NumPy temporaries per block: small enough to stay in the L2 cache.
 CACHE_BLOCK_ELEMENTS = 1 << 16
 
-_UFUNCS = {"max": np.maximum, "min": np.minimum, "mul": np.multiply, "add": np.add}
+UFUNCS = {"max": np.maximum, "min": np.minimum, "mul": np.multiply, "add": np.add}
 _IDENTITY = {"max": -np.inf, "min": np.inf}
 _NUMBA_INSTALLED = importlib.util.find_spec("numba") is not None
 log = logging.getLogger("semigrad.kernels")
@@ -187,7 +187,7 @@ def _is_constant(x: np.ndarray) -> bool:
 
 def _tropical_constant(a, b, which, lead, add, mul, zero):
     """⊕_k c ⊗ x[k] = c ⊗ (⊕_k x[k]) when `which` operand is the constant c: one reduction."""
-    reduce_, combine = _UFUNCS[add], _UFUNCS[mul]
+    reduce_, combine = UFUNCS[add], UFUNCS[mul]
     m, n = a.shape[-2], b.shape[-1]
     if which == "a":
         c, reduced = a.flat[0], reduce_.reduce(b, axis=-2)[..., None, :]  # (..., 1, n)
@@ -212,7 +212,7 @@ def _tropical_numpy(a, b, lead, add, mul, zero):
     block keeps the buffer within the cache, and within MATMUL_BLOCK_ELEMENTS."""
     m, kc = a.shape[-2:]
     n = b.shape[-1]
-    reduce_, combine = _UFUNCS[add], _UFUNCS[mul]
+    reduce_, combine = UFUNCS[add], UFUNCS[mul]
     # Same number of leading axes on both, then k first: a block of k is a leading axis.
     a = a.reshape((1,) * (len(lead) + 2 - a.ndim) + a.shape)
     b = b.reshape((1,) * (len(lead) + 2 - b.ndim) + b.shape)

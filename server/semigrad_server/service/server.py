@@ -24,15 +24,6 @@ log = logging.getLogger("semigrad.server")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s %(message)s"
 SIGNAL_POLL_SECONDS = 0.2
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GraphService"].full_name
-# HTTP/2 and TCP tuning for large messages: none. Measured on loopback (grpcio 1.85, 2 cores, bare
-# bytes echo, 64 B to 16 MB each way, interleaved warm channels, server in-process and in a child
-# process): max_frame_size 16 MiB, tcp_{min,max,}_read_chunk_size 1-8 MiB, bdp_probe off,
-# lookahead_bytes 16 MiB and write_buffer_size 16 MiB, alone and together, changed the round trip
-# by less than the run-to-run noise (±10-20 %; e.g. 1.3 MB each way: 1.4-1.8 ms with or without),
-# never reproducibly faster, sometimes slower. Large messages cost their copies (protobuf,
-# grpc slices, the socket, fresh pages from glibc's allocator: docs/performance.md), which only
-# shared memory avoids (see shared_memory.py).
-TRANSPORT_OPTIONS: tuple[tuple[str, object], ...] = ()
 
 
 def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, threads: int = 8,
@@ -43,10 +34,17 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
     `shared_memory`: accept tensors in shared memory from clients on this host (docs/performance.md)."""
     limits = limits or Limits()
     engine = engine or Engine(limits)
+    # No HTTP/2 or TCP tuning for large messages. Measured on loopback (grpcio 1.85, 2 cores, bare
+    # bytes echo, 64 B to 16 MB each way, interleaved warm channels, server in-process and in a child
+    # process): max_frame_size 16 MiB, tcp_{min,max,}_read_chunk_size 1-8 MiB, bdp_probe off,
+    # lookahead_bytes 16 MiB and write_buffer_size 16 MiB, alone and together, changed the round trip
+    # by less than the run-to-run noise (±10-20 %; e.g. 1.3 MB each way: 1.4-1.8 ms with or without),
+    # never reproducibly faster, sometimes slower. Large messages cost their copies (protobuf,
+    # grpc slices, the socket, fresh pages from glibc's allocator: docs/performance.md), which only
+    # shared memory avoids (see shared_memory.py).
     options = [("grpc.max_receive_message_length", limits.max_message_bytes),
                ("grpc.max_send_message_length", limits.max_message_bytes),
-               ("grpc.so_reuseport", int(reuse_port)),
-               *TRANSPORT_OPTIONS]
+               ("grpc.so_reuseport", int(reuse_port))]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="semigrad"),
                          options=options)
     pb_grpc.add_GraphServiceServicer_to_server(GraphServicer(engine, SharedMemory(enabled=shared_memory)), server)

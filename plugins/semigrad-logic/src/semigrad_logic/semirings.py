@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from semigrad_server.semiring import kernels
-from semigrad_server.semiring.base import Semiring
+from semigrad_server.semiring import Semiring, TropicalSemiring
 from semigrad_server.semiring.real import RealSemiring
 
 
@@ -63,100 +62,39 @@ class CountingSemiring(RealSemiring):
         return (np.asarray(d) != 0).astype(np.float64)
 
 
-class MaxPlusSemiring(Semiring):
+class MaxPlusSemiring(TropicalSemiring):
     """(max, +, -inf, 0, φ = log|d|): the log of the largest product of |∂| along a single
     path (max_product in log space: no underflow on long paths). -inf: no non-zero path."""
 
     name = "maxplus"
     description = "log of the best path product: max over paths of the sum of log|local derivative|"
-    commutative = True
-    idempotent = True
-    selective = True
-
-    def zeros(self, shape):
-        return np.full(shape, -np.inf)
-
-    def ones(self, shape):
-        return np.zeros(shape)
-
-    def add(self, a, b):
-        return np.maximum(a, b)
-
-    def mul(self, a, b):
-        return np.add(a, b)
+    addition, multiplication, zero, one = "max", "add", -np.inf, 0.0
 
     def lift(self, d):
         return _log_abs(d)
 
-    def sum(self, a, axis, keepdims=False):
-        return np.max(a, axis=tuple(axis), keepdims=keepdims, initial=-np.inf)
 
-    def matmul(self, a, b):
-        # (max, +) has no BLAS: the server's kernel (numba when installed, else blocked NumPy).
-        return kernels.tropical_matmul(a, b, add="max", mul="add", zero=-np.inf)
-
-
-class MinPlusSemiring(Semiring):
+class MinPlusSemiring(TropicalSemiring):
     """(min, +, +inf, 0, φ = log|d| for d ≠ 0, +inf for d = 0): the log of the smallest
     non-zero product of |∂| along a single path (the weakest dependence). +inf: no path
     has only non-zero partials (zero partials drop out, as φ(0) = 0̄ = +inf)."""
 
     name = "minplus"
     description = "log of the weakest non-zero path product: min over paths of the sum of log|local derivative|"
-    commutative = True
-    idempotent = True
-    selective = True
-
-    def zeros(self, shape):
-        return np.full(shape, np.inf)
-
-    def ones(self, shape):
-        return np.zeros(shape)
-
-    def add(self, a, b):
-        return np.minimum(a, b)
-
-    def mul(self, a, b):
-        return np.add(a, b)
+    addition, multiplication, zero, one = "min", "add", np.inf, 0.0
 
     def lift(self, d):
         d = np.asarray(d, dtype=np.float64)
         return np.where(d != 0, _log_abs(d), np.inf)
 
-    def sum(self, a, axis, keepdims=False):
-        return np.min(a, axis=tuple(axis), keepdims=keepdims, initial=np.inf)
 
-    def matmul(self, a, b):
-        return kernels.tropical_matmul(a, b, add="min", mul="add", zero=np.inf)
-
-
-class BottleneckSemiring(Semiring):
+class BottleneckSemiring(TropicalSemiring):
     """(max, min, 0, +inf, φ = |d|): the widest path, i.e. max over paths of the smallest
     |∂| along the path (the capacity of the strongest chain of dependence)."""
 
     name = "bottleneck"
     description = "widest path: max over paths of the smallest |local derivative| on the path"
-    commutative = True
-    idempotent = True
-    selective = True
-
-    def zeros(self, shape):
-        return np.zeros(shape)
-
-    def ones(self, shape):
-        return np.full(shape, np.inf)
-
-    def add(self, a, b):
-        return np.maximum(a, b)
-
-    def mul(self, a, b):
-        return np.minimum(a, b)
+    addition, multiplication, zero, one = "max", "min", 0.0, np.inf
 
     def lift(self, d):
         return np.abs(np.asarray(d, dtype=np.float64))
-
-    def sum(self, a, axis, keepdims=False):
-        return np.max(a, axis=tuple(axis), keepdims=keepdims, initial=0.0)
-
-    def matmul(self, a, b):
-        return kernels.tropical_matmul(a, b, add="max", mul="min", zero=0.0)

@@ -2,10 +2,10 @@
 paths whose local derivatives are all non-zero (the weakest dependence that still exists)."""
 
 import numpy as np
-from semigrad_server.semiring import Semiring
+from semigrad_server.semiring import TropicalSemiring
 
 
-class MinProductSemiring(Semiring):
+class MinProductSemiring(TropicalSemiring):
     """(min, ×, +inf, 1, φ(d) = |d| for d ≠ 0 and +inf for d = 0).
 
     A zero partial lifts to 0̄ = +inf, which ⊕ (min) ignores and ⊗ keeps: a path through a
@@ -15,25 +15,8 @@ class MinProductSemiring(Semiring):
 
     name = "minproduct"
     description = "weakest non-zero path: min over paths of the product of |local derivative|"
-    commutative = True
-    idempotent = True
-    selective = True
-
-    def zeros(self, shape):
-        return np.full(shape, np.inf)
-
-    def ones(self, shape):
-        return np.ones(shape)
-
-    def add(self, a, b):
-        return np.minimum(a, b)
-
-    def mul(self, a, b):
-        return np.multiply(a, b)
+    addition, multiplication, zero, one = "min", "mul", np.inf, 1.0
 
     def lift(self, d):
         d = np.abs(np.asarray(d, dtype=np.float64))
         return np.where(d != 0, d, np.inf)
-
-    def sum(self, a, axis, keepdims=False):
-        return np.min(a, axis=axis, keepdims=keepdims, initial=np.inf)

@@ -1,0 +1,129 @@
+"""Request fields from Python values, and Python values from responses: what the RPC surface
+(client.py), streaming and the hook stream share. `graph` arguments are RegisteredGraphs."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import codec
+from .specs import BestPath, PathStep, TensorSpec
+from .v1 import semigrad_pb2 as pb
+
+if TYPE_CHECKING:
+    from .client import RegisteredGraph
+
+
+class Gradients(dict):
+    """``{input name: gradient}``, plus what else a gradient call returned: ``outputs``
+    (forward values, when asked), ``components`` (``{input: {component: array}}`` for tuple
+    semirings, when asked) and ``best_paths`` (a list of :class:`BestPath`)."""
+
+    outputs: dict[str, np.ndarray]
+    components: dict[str, dict[str, np.ndarray]]
+    best_paths: list[BestPath]
+    retained: dict[str, np.ndarray]
+    records: dict[str, dict[str, np.ndarray]]
+
+
+def gradient_request(graph: RegisteredGraph, inputs, wrt=None, seeds=None, outputs=None, return_outputs=False,
+                     semiring="real", semiring_params=None, return_components=False, best_path=None,
+                     backend="auto", retain=None, hooks=()) -> tuple[pb.GradientRequest, dict]:
+    """The request without its tensors, and the tensors by request field (see transport.fill)."""
+    fields = {"wrt": names(wrt), "outputs": names(outputs), "return_outputs": return_outputs,
+              "semiring": semiring if semiring != "real" else "",
+              "semiring_params": attr_values(semiring_params),
+              "return_components": return_components,
+              "best_paths": [pb.ElementRef(input=name, index=[int(i) for i in index])
+                             for name, index in best_path or ()],
+              "backend": backend if backend != "auto" else "", "retain": names(retain), "hooks": list(hooks)}
+    # Only what differs from the defaults: a small request's time is mostly such steps.
+    request = pb.GradientRequest(graph_id=graph.id, **{k: v for k, v in fields.items() if v})
+    tensors = {"inputs": arrays(inputs, graph.input_specs)}
+    if seeds:
+        tensors["seeds"] = arrays(seeds, graph.output_specs)
+    return request, tensors
+
+
+def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients:
+    gradients = Gradients(decode(response.gradients, read))
+    gradients.outputs = decode(response.outputs, read) if response.outputs else {}
+    gradients.components = ({x: decode(parts.tensors, read) for x, parts in response.components.items()}
+                            if response.components else {})
+    gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths] if response.best_paths else []
+    gradients.retained = decode(response.retained, read) if response.retained else {}
+    gradients.records = ({key: decode(parts.tensors, read) for key, parts in response.records.items()}
+                         if response.records else {})
+    return gradients
+
+
+def result_bytes(graph: RegisteredGraph, values: Mapping[str, np.ndarray], specs: Iterable[TensorSpec | None]) -> int:
+    """What the response's tensors of these specs (per item) should take with the inputs' batch
+    shape, alignment included: the size of the output region offered. An estimate (0 when the
+    batch shapes do not broadcast; the server sends what does not fit inline)."""
+    leads = [a.shape[:a.ndim - len(graph.input_specs[name].shape)] for name, a in values.items()
+             if name in graph.input_specs]
+    if any(leads):
+        try:
+            items = math.prod(np.broadcast_shapes(*leads))
+        except ValueError:
+            return 0
+    else:
+        items = 1  # a single point
+    return sum(64 + items * math.prod(spec.shape) * 8 for spec in specs if spec is not None)
+
+
+def gradient_result_bytes(graph: RegisteredGraph, request: pb.GradientRequest, values: Mapping[str, np.ndarray]) -> int:
+    wrt = list(request.wrt) or [name for name, spec in graph.input_specs.items()
+                                if spec.dtype in ("float64", "float32")]
+    specs = [graph.input_specs.get(name) for name in wrt]
+    if request.return_outputs:
+        specs += [graph.output_specs.get(name) for name in (request.outputs or graph.output_specs)]
+    specs += [graph.types.get(node) for node in request.retain]
+    return result_bytes(graph, values, specs)
+
+
+def path_elements(path) -> list[pb.NodeElement]:
+    """A BestPath, or (node, index) pairs or PathSteps, as NodeElements."""
+    steps = path.steps if isinstance(path, BestPath) else path or ()
+    pairs = [(step.node, step.index) if isinstance(step, PathStep) else step for step in steps]
+    return [pb.NodeElement(node=node, index=[int(i) for i in index]) for node, index in pairs]
+
+
+def names(value: str | Iterable[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def attr_values(params: Mapping[str, object] | None) -> dict[str, pb.AttrValue]:
+    return {k: codec.attr_value(v) for k, v in (params or {}).items()}
+
+
+def encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, pb.Tensor]:
+    """Encode ``values`` by name in their spec's dtype (unknown names: for the server to reject)."""
+    return {name: codec.to_tensor(value, specs[name].dtype if name in specs else None)
+            for name, value in values.items()}
+
+
+def arrays(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
+    """``values`` as arrays in their spec's dtype (unknown names: for the server to reject)."""
+    converted = {}
+    for name, value in values.items():
+        dtype = _dtype(specs[name].dtype) if name in specs else None
+        converted[name] = value if type(value) is np.ndarray and value.dtype == dtype \
+            else np.asarray(value, dtype=dtype)
+    return converted
+
+
+@functools.lru_cache(maxsize=16)
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(name)
+
+
+def decode(tensors: Mapping[str, pb.Tensor], read: Callable = codec.from_tensor) -> dict[str, np.ndarray]:
+    return {name: read(tensor) for name, tensor in tensors.items()}

@@ -1,0 +1,215 @@
+"""gradient_many: a large batch cut into chunks along its first batch axis, streamed through one
+GradientStream call (a few chunks in flight, each in a shared-memory region of its own or
+inline), and the chunks' results reassembled into arrays for the whole batch."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import codec, messages
+from .errors import SemigradError, error_for_code
+from .messages import Gradients
+from .shared_memory import Placement
+from .specs import TensorSpec
+from .transport import fill
+from .v1 import semigrad_pb2 as pb
+
+if TYPE_CHECKING:
+    from .client import RegisteredGraph
+
+STREAM_REGIONS = 4  # shared-memory regions one GradientStream keeps in flight (chunks on the wire)
+# The default chunk: about this many bytes of tensors (inputs and results). Measured on loopback
+# (bench/stream_chunks.py): through shared memory a chunk costs ~1 ms on top of its compute and
+# moves nothing, so chunks are large; inline, encoding, the wire and decoding overlap best around
+# 1-2 MiB (larger messages slow down).
+STREAM_CHUNK_BYTES_SHARED = 64 << 20
+STREAM_CHUNK_BYTES_INLINE = 2 << 20
+
+
+class Batch:
+    """gradient_many's inputs and seeds as arrays, and the length of the first batch axis of the
+    inputs that have batch axes (1 when none has)."""
+
+    def __init__(self, graph: RegisteredGraph, inputs: Mapping[str, object], seeds: Mapping[str, object]):
+        self.graph = graph
+        specs = graph.input_specs
+        self.inputs = {name: np.asarray(value, dtype=specs[name].dtype if name in specs else None)
+                       for name, value in inputs.items()}
+        self.seeds = {name: np.asarray(v) for name, v in seeds.items()}
+        self.batched = {name for name, a in self.inputs.items() if _has_batch(a, specs.get(name))}
+        sizes = {self.inputs[name].shape[0] for name in self.batched}
+        if len(sizes) > 1:
+            raise ValueError(f"batched inputs disagree on the first batch axis: {sorted(sizes)}")
+        self.total = sizes.pop() if sizes else 1
+
+    def chunk(self, start: int, items: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The inputs and seeds of items start..start + items (values without batch axes whole)."""
+        inputs = _cut(self.inputs, self.graph.input_specs, start, items, self.batched)
+        return inputs, _cut(self.seeds, self.graph.output_specs, start, items, self.batched)
+
+
+def _cut(values: Mapping[str, np.ndarray], specs: Mapping[str, TensorSpec], start: int, items: int,
+         batched: set[str]) -> dict[str, np.ndarray]:
+    return {name: a[start:start + items] if batched and _has_batch(a, specs.get(name)) else a
+            for name, a in values.items()}
+
+
+def _has_batch(value: np.ndarray, spec: TensorSpec | None) -> bool:
+    return spec is not None and value.ndim > len(spec.shape)
+
+
+def default_chunk_size(batch: Batch, options: Mapping[str, object], target_bytes: int | None = None) -> int:
+    """gradient_many's default chunk_size: chunks of nearly equal size, each about `target_bytes`
+    of tensors at most (default: STREAM_CHUNK_BYTES_SHARED through shared memory, else
+    STREAM_CHUNK_BYTES_INLINE). `options`: those of the gradient call."""
+    graph = batch.graph
+    item = {name: batch.inputs[name][:1] for name in batch.batched}
+    _, item_seeds = batch.chunk(0, 1)
+    request, tensors = messages.gradient_request(graph, item, seeds=item_seeds, **options)
+    per_item = (sum(a.nbytes for a in item.values()) + sum(a.nbytes for a in item_seeds.values())
+                + messages.gradient_result_bytes(graph, request, tensors["inputs"]))
+    if target_bytes is None:
+        shared = graph.client.transport.shared_memory_off is None
+        target_bytes = STREAM_CHUNK_BYTES_SHARED if shared else STREAM_CHUNK_BYTES_INLINE
+    most = max(1, target_bytes // max(per_item, 1))
+    total = batch.total
+    return -(-total // -(-total // most)) if total else most
+
+
+def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_size: int | None,
+                  progress: bool | None, options: dict) -> Gradients:
+    """RegisteredGraph.gradient_many (which documents it)."""
+    for option in ("best_path", "hooks"):
+        if options.get(option):
+            raise TypeError(f"gradient_many does not take {option}=: use gradient")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError("chunk_size must be at least 1")
+    seeds = options.pop("seeds", None) or {}
+    batch = Batch(graph, inputs, seeds)
+    if chunk_size is None:
+        chunk_size = default_chunk_size(batch, options)
+    starts = list(range(0, batch.total, chunk_size))
+    if len(starts) <= 1:  # also an empty batch
+        gradients = graph.gradient(batch.inputs, seeds=seeds or None, **options)
+        return gradients[0] if options.get("return_outputs") else gradients
+
+    transport = graph.client.transport
+    shared = transport.shared_memory_off is None
+    placements: dict[int, Placement] = {}  # chunk -> its region, until its response is read
+    in_flight = threading.BoundedSemaphore(STREAM_REGIONS)
+    done = threading.Event()
+
+    def requests():
+        for k, start in enumerate(starts):
+            chunk_inputs, chunk_seeds = batch.chunk(start, chunk_size)
+            request, tensors = messages.gradient_request(graph, chunk_inputs, seeds=chunk_seeds, **options)
+            placement = None
+            if shared:
+                while not in_flight.acquire(timeout=0.1):  # regions come back as responses are read
+                    if done.is_set():
+                        return
+                placement = transport.placement(
+                    tensors, lambda: messages.gradient_result_bytes(graph, request, tensors["inputs"]))
+                if placement is None:
+                    in_flight.release()
+                elif done.is_set():
+                    placement.finish(transport.release)
+                    return
+                else:
+                    placements[k] = placement
+            fill(request, tensors, placement)
+            yield pb.GradientStreamRequest(chunk=k, request=request)
+
+    # Through shared memory, the whole batch's results go into a pooled region too, lent like
+    # gradient's: no fresh memory to fault in on every call.
+    results = transport.placement({}, lambda: messages.gradient_result_bytes(
+        graph, messages.gradient_request(graph, batch.inputs, **options)[0], batch.inputs)) if shared else None
+    assembly = Assembly(batch.total, results.allocate if results is not None else None)
+    failures = []
+    try:
+        responses = transport.stream("GradientStream", requests())
+        if progress or (progress is None and len(starts) > 8):
+            responses = _progress(responses, len(starts))
+        for message in responses:
+            placement = placements.pop(message.chunk, None)
+            try:
+                if message.code:
+                    failures.append((message.chunk, message.code, message.message))
+                else:  # copied straight from the message or the region into the whole batch's arrays
+                    assembly.add(starts[message.chunk], messages.gradients_from(
+                        message.response, placement.view if placement is not None else codec.from_tensor))
+            finally:
+                if placement is not None:
+                    placement.finish(transport.release)
+                    in_flight.release()
+    finally:
+        done.set()
+        for placement in list(placements.values()):
+            placement.finish(transport.release)
+        if results is not None:
+            results.finish(transport.release)  # back to the pool now, or once the lent results are gone
+    if shared and any(transport.shared_memory_refused(error_for_code(code, text)) for _, code, text in failures):
+        return gradient_many(graph, inputs, chunk_size, progress, {**options, "seeds": seeds})
+    if failures:
+        chunk, code, text = failures[0]
+        listed = ", ".join(str(c) for c, _, _ in failures)
+        raise error_for_code(code, f"chunk {chunk} (items {starts[chunk]}..): {text} "
+                                   f"[failed chunks: {listed} of {len(starts)}]")
+    return assembly.result()
+
+
+class Assembly:
+    """A streamed job's results: each chunk's arrays (views of its message or region) copied once
+    into arrays for the whole batch, allocated when the first chunk arrives."""
+
+    def __init__(self, total: int, allocate: Callable | None = None):
+        self.total = total
+        self.allocate = allocate  # (shape, dtype) -> array or None, e.g. in a shared-memory region
+        self.arrays: dict[tuple[str, ...], np.ndarray] = {}
+
+    def add(self, start: int, part: Gradients) -> None:
+        for key, value in _flat(part).items():
+            whole = self.arrays.get(key)
+            if whole is None:
+                shape = (self.total, *value.shape[1:])
+                whole = self.allocate(shape, value.dtype) if self.allocate is not None else None
+                if whole is None:
+                    whole = np.empty(shape, dtype=value.dtype)
+                self.arrays[key] = whole
+            if value.shape[1:] != whole.shape[1:] or start + len(value) > self.total:
+                raise SemigradError(f"chunk at item {start}: {'/'.join(key)} has shape {value.shape}, "
+                                    f"which does not fit the batch's {whole.shape}")
+            whole[start:start + len(value)] = value
+
+    def result(self) -> Gradients:
+        fields: dict[str, dict] = {"gradients": {}, "outputs": {}, "retained": {}, "components": {}}
+        for key, array in self.arrays.items():
+            if key[0] == "components":
+                fields["components"].setdefault(key[1], {})[key[2]] = array
+            else:
+                fields[key[0]][key[1]] = array
+        result = Gradients(fields["gradients"])
+        result.outputs, result.retained, result.components = fields["outputs"], fields["retained"], fields["components"]
+        result.best_paths, result.records = [], {}
+        return result
+
+
+def _flat(gradients: Gradients) -> dict[tuple[str, ...], np.ndarray]:
+    """Every batched array of a Gradients, keyed by (field, name) or ("components", input, name)."""
+    flat = {("gradients", name): a for name, a in gradients.items()}
+    flat.update({("outputs", name): a for name, a in gradients.outputs.items()})
+    flat.update({("retained", name): a for name, a in gradients.retained.items()})
+    flat.update({("components", x, name): a for x, parts in gradients.components.items() for name, a in parts.items()})
+    return flat
+
+
+def _progress(responses, total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the progress bar is optional
+        return responses
+    return tqdm(responses, total=total, unit="chunk", desc="semigrad")

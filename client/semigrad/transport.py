@@ -1,0 +1,173 @@
+"""The connection to a server: the gRPC channel and its deadline, call errors as
+:class:`SemigradError`, and where a call's tensors travel: inline in the message, or through a
+region of the client's shared-memory pool (see shared_memory.py and docs/performance.md)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+
+import grpc
+import numpy as np
+
+from . import codec
+from .errors import FailedPrecondition, SemigradError, from_rpc_error
+from .shared_memory import Placement, RegionPool, is_local_target, tensor_bytes
+from .shared_memory import available as shared_memory_available
+from .v1 import semigrad_pb2_grpc as pb_grpc
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# shared_memory="auto": a call's tensors (request and expected response) from this many bytes
+# on go through shared memory. Measured crossover on loopback: see docs/performance.md.
+SHARED_MEMORY_THRESHOLD = 128 * 1024
+
+Tensors = Mapping[str, Mapping[str, np.ndarray]]  # {request field: {name: array}}
+
+
+class Transport:
+    """A channel to `target` and the shared-memory policy of its calls (the options, and their
+    defaults, are :class:`semigrad.Client`'s, which documents them)."""
+
+    def __init__(self, target: str, *, timeout: float | None, options: Iterable[tuple[str, object]] | None,
+                 max_message_bytes: int, credentials: grpc.ChannelCredentials | None, shared_memory: bool | str,
+                 shared_memory_threshold: int):
+        if shared_memory not in ("auto", True, False):
+            raise ValueError(f"shared_memory must be 'auto', True or False, not {shared_memory!r}")
+        if shared_memory is True and not shared_memory_available():
+            raise ValueError("shared_memory=True needs a writable /dev/shm on this host")
+        self.shared_memory = shared_memory
+        self.shared_memory_threshold = shared_memory_threshold
+        # Why "auto" stopped using shared memory (None while it may).
+        self.shared_memory_off: str | None = None
+        if shared_memory == "auto" and not (is_local_target(target) and shared_memory_available()):
+            self.shared_memory_off = "the target is not on this host" if shared_memory_available() \
+                else "no writable /dev/shm"
+        elif shared_memory is False:
+            self.shared_memory_off = "shared_memory=False"
+        self._pool: RegionPool | None = None
+        self._pool_lock = threading.Lock()
+        # Gives a call's region back; held by lent results, so it must not keep the transport alive.
+        self.release = _releaser(weakref.ref(self))
+        # No HTTP/2 or TCP tuning: see build_server in semigrad_server/service/server.py for what
+        # was measured (nothing beat the noise).
+        channel_options = {
+            "grpc.max_send_message_length": max_message_bytes,
+            "grpc.max_receive_message_length": max_message_bytes,
+            **dict(options or ()),
+        }
+        channel_options = list(channel_options.items())
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, channel_options)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, channel_options)
+        self.stub = pb_grpc.GraphServiceStub(self.channel)
+        self.timeout = timeout
+
+    def call(self, method: str, request):
+        """The response of unary `method`, errors as SemigradError."""
+        try:
+            return getattr(self.stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+
+    def stream(self, method: str, requests):
+        """Responses of a streaming call, errors of the call itself as SemigradError."""
+        try:
+            yield from getattr(self.stub, method)(requests, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+
+    def tensor_call(self, method: str, request, tensors: Tensors, result_bytes: Callable[[], int],
+                    decode: Callable):
+        """Call unary `method` with `tensors` inline or in shared memory; `decode(response, read)`
+        builds the result, shared tensors lent (see Placement.lend)."""
+        placement = self.placement(tensors, result_bytes)
+        if placement is not None:
+            try:
+                fill(request, tensors, placement)
+                try:
+                    return decode(self.call(method, request), placement.lend)
+                except FailedPrecondition as error:
+                    if not self.shared_memory_refused(error):
+                        raise
+            finally:
+                placement.finish(self.release)
+            request.ClearField("output_region")
+        fill(request, tensors, None)
+        return decode(self.call(method, request), codec.from_tensor)
+
+    def placement(self, tensors: Tensors, result_bytes: Callable[[], int]) -> Placement | None:
+        """A region of its own for a call moving `tensors` and about `result_bytes()` of results,
+        or None to send them inline."""
+        if self.shared_memory_off is not None:
+            return None
+        nbytes = sum(tensor_bytes(a) for a in tensors.values()) + result_bytes()
+        if self.shared_memory == "auto" and nbytes < self.shared_memory_threshold:
+            return None
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = RegionPool()
+            pool = self._pool
+        try:
+            return Placement(pool.acquire(nbytes))
+        except (OSError, ValueError):  # /dev/shm full, or closed meanwhile: inline this time
+            if self.shared_memory is True:
+                raise
+            return None
+
+    def shared_memory_refused(self, error: SemigradError) -> bool:
+        """In "auto" mode, a refusal of shared memory switches it off (True: retry inline)."""
+        if (self.shared_memory == "auto" and isinstance(error, FailedPrecondition)
+                and "shared memory" in error.message):
+            self.shared_memory_off = f"the server refused it: {error.message}"
+            return True
+        return False
+
+    def regions(self) -> list[str]:
+        """Names of the shared-memory regions (files in /dev/shm) now."""
+        with self._pool_lock:
+            return self._pool.names() if self._pool is not None else []
+
+    def close(self) -> None:
+        """Close the channel and remove the shared-memory regions."""
+        self.channel.close()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def _give_back(self, region) -> None:
+        """A call's region back to the pool (or removed, when the transport was closed meanwhile)."""
+        with self._pool_lock:
+            pool = self._pool
+        if pool is not None:
+            pool.release(region)
+        else:
+            region.close()
+
+
+def _releaser(transport_ref: weakref.ref) -> Callable:
+    def release(region) -> None:
+        transport = transport_ref()
+        if transport is None:  # the transport is gone, and its pool with it
+            region.close()
+        else:
+            transport._give_back(region)
+
+    return release
+
+
+def fill(request, tensors: Tensors, placement: Placement | None) -> None:
+    """Put the arrays into the request's tensor maps: inline, or written into the placement's
+    region (which is then also offered as the output region)."""
+    for field_name, arrays in tensors.items():
+        target = getattr(request, field_name)
+        target.clear()
+        for name, array in arrays.items():
+            if placement is None or array.size == 0:
+                target[name].CopyFrom(codec.to_tensor(array))
+            else:
+                target[name].CopyFrom(placement.tensor(array))
+    if placement is not None:
+        request.output_region.CopyFrom(placement.output_region())
