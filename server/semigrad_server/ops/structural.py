@@ -120,8 +120,8 @@ def _mean_vjp(ctx, node, g, positions):
 
 def _max_vjp(ctx, node, g, positions):
     """∂max/∂x_i = 1 where x_i is the max, split evenly between ties (as JAX and PyTorch's amax)."""
-    kshape, t = _keepdims_shape(node, ctx)
     x = node.inputs[0]
+    t = ctx.type(x)
     attrs = ctx.attrs(node)
     top = ctx.emit("max", [x], axes=attrs["axes"], keepdims=True)
     hit = ctx.emit("eq", [x, top])
