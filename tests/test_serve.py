@@ -4,6 +4,7 @@ one log line per request, graceful exit on SIGTERM; and the command line's --ver
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
@@ -68,13 +69,14 @@ def serving(*args: str, port: int | None = None):
     port = port or free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_until_serving(f"127.0.0.1:{port}", process)
         yield f"127.0.0.1:{port}", process
     finally:
-        if process.poll() is None:
-            process.kill()
+        if process.poll() is None:  # the supervisor and its workers: they all hold the output pipe
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
 
 
@@ -170,3 +172,55 @@ def test_serve_help_lists_the_limit_flags():
     assert {"--max-nodes", "--max-node-elements", "--max-batch", "--max-request-elements"} <= flags
     for flag in sorted(flags | {"--host", "--port"}):
         assert flag in result.stdout, f"{flag} missing from `serve --help`"
+
+
+def worker_pids(supervisor: int) -> set[int]:
+    """The supervisor's worker processes (not multiprocessing's resource tracker)."""
+    pids = set()
+    with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
+        for pid in map(int, f.read().split()):
+            with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                if b"resource_tracker" not in cmd.read():
+                    pids.add(pid)
+    return pids
+
+
+def wait_for(condition, what: str, timeout: float = STARTUP_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout} s")
+        time.sleep(0.1)
+    return value
+
+
+def test_a_killed_worker_is_replaced_and_the_service_keeps_answering(tmp_path):
+    with serving("--store", str(tmp_path / "graphs.sqlite"), "--workers", "2") as (address, process):
+        with sg.Client(address, timeout=10) as client:
+            graph_id = client.register(square_sum_graph()).id
+        before = wait_for(lambda: worker_pids(process.pid) if len(worker_pids(process.pid)) == 2 else None,
+                          "2 workers")
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        for _ in range(20):  # fresh connections while the worker is gone and after: the survivor answers
+            with sg.Client(address, timeout=10) as client:
+                np.testing.assert_array_equal(client.get_graph(graph_id).gradient({"A": MATRIX})["A"], 2 * MATRIX)
+        def replaced():
+            pids = worker_pids(process.pid)
+            return pids if len(pids) == 2 and victim not in pids else None
+
+        after = wait_for(replaced, "a replacement worker")
+        wait_until_serving(address, process)
+        for _ in range(8):
+            with sg.Client(address, timeout=10) as client:  # the graph is still served, by either worker
+                np.testing.assert_array_equal(client.get_graph(graph_id).gradient({"A": MATRIX})["A"], 2 * MATRIX)
+        log = stop(process)
+    assert victim not in after and len(after & before) == 1
+    assert f"(pid {victim}) exited with signal SIGKILL" in log and "replacing it" in log, log
+
+
+def test_the_supervisor_gives_up_when_no_worker_can_stay_up(tmp_path):
+    """Workers that cannot open their store die at once: after a few tries the supervisor exits non-zero."""
+    result = run_cli("serve", "--port", str(free_port()), "--workers", "2", "--store", str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    assert "gave up" in result.stderr and result.stderr.count("replacing it") >= 5, result.stderr

@@ -4,6 +4,7 @@ region of the client's shared-memory pool (see shared_memory.py and docs/perform
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +24,16 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 SHARED_MEMORY_THRESHOLD = 128 * 1024
 
 Tensors = Mapping[str, Mapping[str, np.ndarray]]  # {request field: {name: array}}
+
+# Every semigrad call is idempotent (graphs are content-addressed, requests compute pure
+# functions), so a call that fails with UNAVAILABLE before any response (a server restarting, a
+# replica or worker that died with the connection) is retried: up to 5 attempts, backing off
+# 0.1 s, 0.2 s, 0.4 s, 0.8 s (with gRPC's jitter). Pass the channel option "grpc.service_config"
+# to change it, or ("grpc.enable_retries", 0) to turn it off (docs/conventions.md).
+RETRY_POLICY = {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"]}
+SERVICE_CONFIG = json.dumps({"methodConfig": [{"name": [{"service": "semigrad.v1.GraphService"}],
+                                               "retryPolicy": RETRY_POLICY}]})
 
 
 class Transport:
@@ -54,6 +65,7 @@ class Transport:
         channel_options = {
             "grpc.max_send_message_length": max_message_bytes,
             "grpc.max_receive_message_length": max_message_bytes,
+            "grpc.service_config": SERVICE_CONFIG,
             **dict(options or ()),
         }
         channel_options = list(channel_options.items())

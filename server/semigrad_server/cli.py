@@ -135,7 +135,7 @@ def add_viz_command(commands) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        from .service.server import LOG_FORMAT, serve
+        from .service.server import LOG_FORMAT, SupervisorGaveUp, serve
 
         logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
         limits = Limits(**{name: getattr(args, name) for name in Limits.names()})
@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"semigrad serve: {e}", file=sys.stderr)
             return 2
+        except SupervisorGaveUp as e:
+            print(f"semigrad serve: gave up: {e}", file=sys.stderr)
+            return 1
     elif args.command == "plugins":
         if args.plugins_command == "check":
             return plugins_check(args.name, samples=args.samples, seed=args.seed, params=_parse_params(args.param))

@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import signal
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -99,29 +100,66 @@ def _serve_one(host, port, *, limits, threads, grace, store, reuse_port, shared_
     server.stop(grace).wait()
 
 
+# A worker that dies is replaced. Deaths in quick succession (a worker that cannot start, or a
+# request that kills every worker it reaches) are spaced by a growing pause; past
+# MAX_RAPID_DEATHS of them in a row the supervisor gives up and exits non-zero.
+RAPID_DEATH_SECONDS = 10.0  # a worker that lived less than this died "rapidly"
+MAX_RAPID_DEATHS = 5
+RESTART_PAUSE_SECONDS = (0.25, 0.5, 1.0, 2.0)
+
+
+class SupervisorGaveUp(RuntimeError):
+    """No worker could be kept alive."""
+
+
 def _supervise(host, port, *, workers, grace, **kwargs) -> None:
-    """Start the worker processes, forward SIGINT/SIGTERM to them, wait for them to finish."""
+    """Start the worker processes and keep `workers` of them alive (replacing any that dies) until
+    SIGINT/SIGTERM, which is forwarded to them; raises SupervisorGaveUp when workers keep dying."""
     context = multiprocessing.get_context("spawn")
     level = logging.getLogger().level
-    procs = [context.Process(target=_worker_main, args=(host, port, level), kwargs=dict(grace=grace, **kwargs),
-                             name=f"semigrad-worker-{i}") for i in range(workers)]
-    for p in procs:
-        p.start()
+
+    def start(slot: int):
+        process = context.Process(target=_worker_main, args=(host, port, level), kwargs=dict(grace=grace, **kwargs),
+                                  name=f"semigrad-worker-{slot}")
+        process.start()
+        return process, time.monotonic()
+
+    procs = [start(slot) for slot in range(workers)]
     log.info("semigrad supervising %d workers on %s:%d", workers, host, port)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(SIGNAL_POLL_SECONDS):
-        if any(not p.is_alive() for p in procs):
-            log.error("a worker exited; stopping the others")
-            break
-    for p in procs:
-        if p.is_alive():
-            p.terminate()  # SIGTERM: each worker stops gracefully
-    for p in procs:
-        p.join(grace + 5)
-        if p.is_alive():
-            p.kill()
+    rapid_deaths = 0
+    try:
+        while not stop.wait(SIGNAL_POLL_SECONDS):
+            for slot, (process, started) in enumerate(procs):
+                if process.is_alive() or stop.is_set():
+                    continue
+                lived = time.monotonic() - started
+                rapid_deaths = rapid_deaths + 1 if lived < RAPID_DEATH_SECONDS else 0
+                log.error("worker %d (pid %d) exited with %s after %.1f s; replacing it", slot, process.pid,
+                          _exit_status(process.exitcode), lived)
+                if rapid_deaths > MAX_RAPID_DEATHS:
+                    raise SupervisorGaveUp(f"{rapid_deaths} workers in a row exited within "
+                                           f"{RAPID_DEATH_SECONDS:.0f} s of starting")
+                if stop.wait(RESTART_PAUSE_SECONDS[min(rapid_deaths, len(RESTART_PAUSE_SECONDS)) - 1]
+                             if rapid_deaths else 0.0):
+                    break
+                procs[slot] = start(slot)
+    finally:
+        for process, _ in procs:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: each worker stops gracefully
+        for process, _ in procs:
+            process.join(grace + 5)
+            if process.is_alive():
+                process.kill()
+
+
+def _exit_status(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"status {code}"
 
 
 def _worker_main(host, port, level, **kwargs) -> None:
