@@ -358,10 +358,10 @@ def test_non_finite_item_does_not_spoil_the_batch(client):
 class ExplodingEngine(Engine):
     """An engine with a bug: evaluating with an input named 'detonate' raises a plain exception."""
 
-    def evaluate(self, graph_id, inputs, *args, **kwargs):
-        if "detonate" in inputs:
+    def run_evaluate(self, spec, deadline=None):
+        if "detonate" in spec.inputs:
             raise RuntimeError("injected fault")
-        return super().evaluate(graph_id, inputs, *args, **kwargs)
+        return super().run_evaluate(spec, deadline)
 
 
 def test_unexpected_exception_is_internal_and_server_keeps_serving():
