@@ -27,7 +27,7 @@ from ..runtime.compiled import compile_executable
 from ..runtime.outputs import OutputKey
 from ..semiring.loader import SemiringRegistry, default_registry
 from ..store import MemoryStore, SqliteStore
-from .execution import checked_backend, compile_kind, run_plan
+from .execution import check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
 from .graphs import Batch, CompiledGraph, compile_graph
 from .remembered import CheckedGradient, result_slot
@@ -167,6 +167,7 @@ class Engine:
                                   batch.shape) for x in wrt),
                 tuple(result_slot(n, OutputKey.output(n), cg.types[cg.graph.output_map[n]], batch.shape)
                       for n in names) if spec.return_outputs else ())
+            check_work(compiled.plan, batch.shape, self.limits)  # the same for every repeat of this signature
             cg.remembered.remember(memo, checked)
             return self.plain_gradient(checked, batch.arrays, deadline, backend)
         run = hook_run or HookRun()

@@ -30,12 +30,18 @@ def time_bound(deadline: float | None, limits: Limits) -> float:
     return min(deadline, bound) if deadline is not None else bound
 
 
-def run_plan(plan, batch: Batch, deadline: float | None, backend: str, limits: Limits) -> dict:
-    """`plan` over the batch, once its work (batch items × elements per item) is within the limit."""
-    items = math.prod(batch.shape)
+def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> None:
+    """RESOURCE_EXHAUSTED unless running `plan` over the batch (batch items × elements per item)
+    is within the limit."""
+    items = math.prod(batch_shape)
     work = items * plan.item_elements
     if work > limits.max_request_elements:
         raise ResourceExhausted(
             f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item); "
             f"the limit is {limits.max_request_elements}: send smaller batches")
+
+
+def run_plan(plan, batch: Batch, deadline: float | None, backend: str, limits: Limits) -> dict:
+    """`plan` over the batch, once its work is within the limit."""
+    check_work(plan, batch.shape, limits)
     return plan.run(batch.arrays, time_bound(deadline, limits), backend, batch.shape)
