@@ -14,7 +14,6 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir
-from ..autodiff.best_path import trace_best_paths
 from ..errors import FailedPrecondition, InvalidArgument
 from ..hooks import run as hooks_run
 from ..hooks.loader import HookRegistry
@@ -31,7 +30,7 @@ from .execution import check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
 from .graphs import Batch, CompiledGraph, compile_graph
 from .remembered import CheckedGradient, result_slot
-from .results import GradientResult, cast, full, read_full, readback
+from .results import GradientResult, full, gradient_result
 from .specs import EvaluateSpec, GradientSpec, HookRequest
 
 
@@ -119,7 +118,7 @@ class Engine:
         memo = None
         if spec.is_plain:
             cg = self.get(spec.graph_id)
-            try:  # request_memo(spec), inline: this is the short path
+            try:  # the request's memo (see remembered.py), computed inline: this is the short path
                 memo = (spec.wrt, spec.outputs, spec.return_outputs, spec.backend,
                         tuple([(name, a.shape, a.dtype) for name, a in spec.inputs.items()]))
             except AttributeError:  # not arrays: the full checks will say so
@@ -181,32 +180,7 @@ class Engine:
                     hooks_run.CURRENT.reset(token)
             else:
                 results = run_plan(compiled.plan, batch, deadline, backend, self.limits)
-        result = GradientResult()
-        real = s.name == "real"
-        for x in wrt:
-            t = cg.types[x]
-            value = results[OutputKey.gradient(x)] if compiled.backward.gradients[x] is not None else s.zeros(())
-            if real and not spec.return_components:
-                result.gradients[x] = full(value, batch.shape, t)
-                continue
-            read = read_full(s, value, batch.shape + t.shape)
-            result.gradients[x] = cast(read[s.primary], t) if real else read[s.primary]
-            if spec.return_components:
-                result.components[x] = read
-        if spec.return_outputs:
-            result.outputs = {n: full(results[OutputKey.output(n)], batch.shape, cg.types[cg.graph.output_map[n]])
-                              for n in names}
-        for ref in spec.retain:
-            value = results[OutputKey.adjoint(ref)] if ref in compiled.backward.adjoints else s.zeros(())
-            result.retained[ref] = readback(s, value, batch.shape + cg.types[ref].shape)
-        for slot in slots:
-            recorded = run.records.get(slot.key)
-            if recorded:
-                result.records[slot.key] = {name: readback(s, v, batch.shape + slot.shape)
-                                            for name, v in recorded.items()}
-        if spec.best_paths:
-            result.best_paths = trace_best_paths(cg, compiled.backward, s, results, batch, spec.best_paths)
-        return result
+        return gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
 
     def plain_gradient(self, checked: CheckedGradient, inputs: Mapping[str, np.ndarray], deadline: float | None,
                        backend: str) -> GradientResult:
