@@ -150,10 +150,11 @@ def chain(length):
 
 
 def wide_graph_gradient(ctx):
-    """At least the 1000 input elements per item (more with the tensor plan), for 32 items: > 20000."""
-    gid = ctx.register(graph([inp("wide", [1000])], [node("n1", "neg", "wide"), node("n2", "neg", "n1")],
+    """A plain gradient within the batch limit (16 items) whose backward pass holds several
+    1000-element values per item: more than 20000 elements."""
+    gid = ctx.register(graph([inp("wide", [1000])], [node("n1", "sin", "wide"), node("n2", "sin", "n1")],
                              [out("y", "n2")]))
-    return "Gradient", pb.GradientRequest(graph_id=gid, inputs={"wide": t(np.ones((32, 1000)))})
+    return "Gradient", pb.GradientRequest(graph_id=gid, inputs={"wide": t(np.ones((16, 1000)))})
 
 
 def probe_batch(batch):
@@ -290,7 +291,7 @@ CASES = [
          register(X3, [node("culprit", "reshape", "x", shape=[3486784401, 4398639364219998291])],
                   [out("y", "culprit")]), INVALID, ("culprit",)),
     Case("batch-over-limit", probe_batch(17), EXHAUSTED, ("17",), "small"),
-    Case("request-over-work-limit", wide_graph_gradient, EXHAUSTED, ("32",), "small"),
+    Case("request-over-work-limit", wide_graph_gradient, EXHAUSTED, ("would compute", "16 batch items"), "small"),
 ]
 
 
@@ -358,10 +359,10 @@ def test_non_finite_item_does_not_spoil_the_batch(client):
 class ExplodingEngine(Engine):
     """An engine with a bug: evaluating with an input named 'detonate' raises a plain exception."""
 
-    def evaluate(self, graph_id, inputs, *args, **kwargs):
-        if "detonate" in inputs:
+    def run_evaluate(self, spec, deadline=None):
+        if "detonate" in spec.inputs:
             raise RuntimeError("injected fault")
-        return super().evaluate(graph_id, inputs, *args, **kwargs)
+        return super().run_evaluate(spec, deadline)
 
 
 def test_unexpected_exception_is_internal_and_server_keeps_serving():

@@ -91,6 +91,7 @@ def test_unknown_backend_is_invalid(client):
 
 def test_a_forced_backend_is_not_served_from_another_backends_plan(rng):
     from semigrad_server.engine import Engine
+    from semigrad_server.engine.gradient_plans import GradientPlanKey
     from semigrad_server.runtime import Plan
     from semigrad_server.runtime.compiled import ScalarExecutable
     from semigrad_server.service.convert import graph_from_proto
@@ -103,7 +104,7 @@ def test_a_forced_backend_is_not_served_from_another_backends_plan(rng):
     inputs = {"x": rng.normal(size=(4, 8)), "w": rng.normal(size=(8, 8))}
     auto = engine.gradient(cg.id, inputs).gradients
     scalar = engine.gradient(cg.id, inputs, backend="scalar").gradients
-    kinds = {key[7]: type(value.plan) for key, value in cg.plans.items() if key[0] == "gradient"}
+    kinds = {key.compile_kind: type(value.plan) for key, value in cg.plans.items() if isinstance(key, GradientPlanKey)}
     assert kinds == {"auto": Plan, "scalar": ScalarExecutable}
     assert_same(scalar, auto, rtol=1e-13, atol=1e-13)
 
@@ -141,6 +142,7 @@ LAYOUT_CASES = {
 def test_both_jit_layouts_agree_with_the_tensor_engine(rng, case, layout):
     """The layout the JIT picks is a timing decision; each must give the tensor plan's results."""
     from semigrad_server.engine import Engine
+    from semigrad_server.engine.gradient_plans import GradientPlanKey
     from semigrad_server.runtime.jit import Kernel, readonly
     from semigrad_server.service.convert import graph_from_proto
 
@@ -150,14 +152,15 @@ def test_both_jit_layouts_agree_with_the_tensor_engine(rng, case, layout):
     inputs = sample(rng)
     want = engine.gradient(cg.id, inputs, backend="tensor").gradients
     engine.gradient(cg.id, inputs, backend="scalar")
-    program = next(v.plan for k, v in cg.plans.items() if k[0] == "gradient" and k[7] == "scalar").program
+    program = next(v.plan for k, v in cg.plans.items()
+                   if isinstance(k, GradientPlanKey) and k.compile_kind == "scalar").program
     specs = {s.name: s for s in graph.to_proto().inputs}
     n = max(inputs[name].shape[0] for name, _, _ in program.inputs if inputs[name].ndim > len(specs[name].shape))
     batched = tuple(inputs[name].ndim > len(specs[name].shape) for name, _, _ in program.inputs)
     arrays = [readonly(np.ascontiguousarray(inputs[name]).reshape(n if b else 1, ids.size))
               for (name, _, ids), b in zip(program.inputs, batched)]
     outs = Kernel(program, batched, layout).run(arrays, n)
-    got = {name.removeprefix("grad:"): out.reshape((n,) + shape) for (name, shape, _), out in zip(program.outputs, outs)}
+    got = {key.name: out.reshape((n,) + shape) for (key, shape, _), out in zip(program.outputs, outs)}
     assert_same(got, want, rtol=1e-13, atol=1e-13)
 
 
@@ -178,7 +181,7 @@ def test_a_repeated_request_is_still_checked_when_its_inputs_change(rng):
     for semiring in ("real", "", "real"):  # "" is how gRPC says "real"
         got = engine.gradient(cg.id, {"A": a}, semiring=semiring).gradients["A"]
         np.testing.assert_allclose(got, det_gradient(a), rtol=1e-12)
-    assert len(cg.checked) == 1  # remembered once, whichever way "real" was spelled
+    assert len(cg.remembered) == 1  # remembered once, whichever way "real" was spelled
     with pytest.raises(InvalidArgument, match="input 'A' has shape \\[3, 4\\]"):
         engine.gradient(cg.id, {"A": rng.normal(size=(3, 4))})
     with pytest.raises(InvalidArgument, match="input 'A' has dtype float32"):
@@ -203,7 +206,7 @@ def test_a_hot_single_point_graph_runs_compiled_with_the_same_results(rng):
         if thread.name == "semigrad-jit":
             thread.join()
     engine.gradient(cg.id, {"A": a})
-    executable = next(v.plan for k, v in cg.plans.items() if k[0] == "gradient")
+    executable = cg.plans.values()[0].plan  # the one plan: the gradient's
     assert executable._single_kernel is not None
     for a in [rng.normal(size=(4, 4)), rng.normal(size=(4, 4)).T]:  # C-ordered and a transposed view
         got = engine.gradient(cg.id, {"A": a}).gradients["A"]
@@ -250,4 +253,4 @@ def test_remembered_requests_do_not_outlive_their_evicted_plans(rng):
         want = np.cos(inputs["x"]) * inputs["y"] if wrt == ["x"] else np.sin(inputs["x"])
         np.testing.assert_allclose(got, want, rtol=1e-14)
         assert len(cg.plans) == 1
-        assert all(c.compiled in cg.plans.values() for c in cg.checked.values())
+        assert all(c.compiled in cg.plans.values() for c in cg.remembered.values())

@@ -26,7 +26,11 @@ def _duplicated_graph() -> sg.Graph:
 
 
 def _plans(engine, cg):
-    return {key[0]: entry.plan if hasattr(entry, "plan") else entry for key, entry in cg.plans.items()}
+    """{"evaluate" | "gradient": the executable} of the graph's cached plans."""
+    from semigrad_server.engine.engine import EvaluatePlanKey
+
+    return {"evaluate" if isinstance(key, EvaluatePlanKey) else "gradient": getattr(entry, "plan", entry)
+            for key, entry in cg.plans.items()}
 
 
 def test_duplicate_nodes_are_computed_once_with_the_same_bits(rng):

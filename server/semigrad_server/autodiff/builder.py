@@ -47,6 +47,10 @@ class GraphBuilder:
         self._taken.add(name)
         return name
 
+    def fresh_input(self, what: str, type_: Type) -> str:
+        """A new graph input under an id no node or input has; returns the id."""
+        return self.add_input(self._fresh_id(what), type_)
+
     def emit(self, op: str, inputs: Iterable[str], **attrs) -> str:
         inputs = tuple(inputs)
         attrs = {k: v for k, v in attrs.items() if v is not None}

@@ -20,10 +20,6 @@ from .builder import GraphBuilder
 from ..ops.semiring_ops import semiring_registry
 from .context import AdjointContext, RealContext, SemiringContext
 
-SEED_PREFIX = "seed:"
-GRAD_PREFIX = "grad:"
-
-
 @dataclass
 class BackwardGraph:
     graph: Graph
@@ -33,6 +29,7 @@ class BackwardGraph:
     context: AdjointContext
     adjoints: dict[str, str]  # every visited node -> its accumulated adjoint
     seeds: dict[str, str]  # differentiated output node -> its seed value node
+    seed_inputs: dict[str, str]  # seeded output name -> the input of `graph` carrying its cotangent
 
 
 def semiring_setup(base: Registry, semiring) -> tuple[Registry, Callable[[GraphBuilder], AdjointContext]]:
@@ -63,7 +60,7 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
             registry: Registry = REGISTRY, hooks: Mapping[str, Sequence[tuple[str, int]]] | None = None
             ) -> BackwardGraph:
     """Build the backward graph. Outputs in `seeded` get their cotangent from an extra input
-    named `seed:<output>`; the others are seeded with the semiring's one.
+    (`seed_inputs` of the result names it); the others are seeded with the semiring's one.
 
     `hooks` maps a node (or input) id to its hook attachments, (kind, slot) pairs: "pre"
     replaces the accumulation of its incoming contributions by a `hook_pre` op, "post"
@@ -76,12 +73,14 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
 
     pending: dict[str, list[tuple[tuple[str, int], str]]] = {}  # node -> [(edge, contribution)]
     seeds: dict[str, str] = {}
+    seed_inputs: dict[str, str] = {}
     for name, ref in output_nodes.items():
         if ref not in active:
             continue
         t = types[ref]
         if name in seeded:
-            seed = ctx.seed(builder.add_input(SEED_PREFIX + name, t))
+            seed_inputs[name] = builder.fresh_input("seed", t)
+            seed = ctx.seed(seed_inputs[name])
         else:
             seed = ctx.one(t)
         pending.setdefault(ref, []).append((("output:" + name, 0), seed))
@@ -106,7 +105,7 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
 
     gradients = {x: _finish(ctx, x, pending[x], hooks.get(x, ())) if x in pending else None for x in wrt}
     adjoints.update({x: g for x, g in gradients.items() if g is not None})
-    return BackwardGraph(builder.graph([]), builder.types, gradients, output_nodes, ctx, adjoints, seeds)
+    return BackwardGraph(builder.graph([]), builder.types, gradients, output_nodes, ctx, adjoints, seeds, seed_inputs)
 
 
 def _finish(ctx: AdjointContext, ref: str, entries: list[tuple[tuple[str, int], str]],

@@ -85,8 +85,8 @@ def describe(engine, graph_id: str, *, semiring: str = "real", semiring_params: 
     cg = engine.get(graph_id)
     s = engine.semirings.get(semiring or "real", semiring_params)
     float_inputs = [spec.name for spec in cg.graph.inputs if spec.type.is_float]
-    wrt = engine._wrt(cg, wrt) if wrt or float_inputs else []
-    names = _differentiated_outputs(engine, cg, outputs)
+    wrt = cg.wrt_inputs(wrt) if wrt or float_inputs else []
+    names = _differentiated_outputs(cg, outputs)
     grads = requiring_grad(cg.order, cg.types, wrt)
     consumers = consumers_of(cg.order)
     output_names: dict[str, list[str]] = {}
@@ -121,8 +121,8 @@ def node_rules(op: OpDef, node: Node) -> tuple[str, list[Derivative]]:
         for pos, (name, ref, partial) in enumerate(zip(operands, node.inputs, op.partials))]
 
 
-def _differentiated_outputs(engine, cg, outputs: Sequence[str]) -> list[str]:
-    names = engine._output_names(cg, outputs)
+def _differentiated_outputs(cg, outputs: Sequence[str]) -> list[str]:
+    names = cg.output_names(outputs)
     floats = [n for n in names if cg.types[cg.graph.output_map[n]].is_float]
     if outputs and len(floats) != len(names):
         bad = next(n for n in names if n not in floats)

@@ -41,7 +41,7 @@ def _gradients(engine, cg, inputs, semiring, semiring_params, wrt, deadline) -> 
     outputs = [name for name, ref in cg.graph.outputs if cg.types[ref].is_float]
     if not outputs or not (wrt or any(spec.type.is_float for spec in cg.graph.inputs)):
         return {}
-    wrt = engine._wrt(cg, wrt)
+    wrt = cg.wrt_inputs(wrt)
     needing = requiring_grad(cg.order, cg.types, wrt)
     retain = [n.id for n in cg.order if n.id in needing]
     result = engine.gradient(cg.id, inputs, wrt=wrt, outputs=outputs, semiring=semiring or "real",

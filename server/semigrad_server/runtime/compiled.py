@@ -1,11 +1,12 @@
 """Executables compiled from a graph: the scalar program when the graph is small enough,
-else the tensor plan. Both answer `run(inputs, deadline) -> {output name: value}`."""
+else the tensor plan. Both answer `run(inputs, deadline) -> {output key: value}`, keyed as the
+compile asked (any hashable: a name, or an OutputKey when one plan returns several kinds)."""
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -154,7 +155,7 @@ def _stack(vals: list, batch: tuple, shape: tuple, single: bool) -> np.ndarray:
 
 
 def compile_executable(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type],
-                       outputs: Sequence[tuple[str, str]], *, registry: Registry, attrs: Mapping[str, dict],
+                       outputs: Sequence[tuple[Hashable, str]], *, registry: Registry, attrs: Mapping[str, dict],
                        map_components: frozenset = frozenset(), semiring=None, backend: str = "auto"):
     """The scalar program when the graph has one (and `backend` allows), else the tensor plan."""
     if backend != "tensor":

@@ -9,7 +9,7 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -36,10 +36,11 @@ class Step:
 
 
 class Plan:
-    """An executable form of `graph` producing `outputs` (name -> node or input id)."""
+    """An executable form of `graph` producing `outputs`: (key, node or input id) pairs; `run`
+    returns {key: value}."""
 
     def __init__(self, graph: Graph, order: Sequence[Node], types: Mapping[str, Type],
-                 outputs: Sequence[tuple[str, str]], registry: Registry = REGISTRY,
+                 outputs: Sequence[tuple[Hashable, str]], registry: Registry = REGISTRY,
                  attrs: Mapping[str, dict] | None = None, map_components: frozenset = frozenset()):
         """`map_components`: nodes whose (single) operand is a tuple of arrays; their kernel
         is applied to each component (structural ops on tuple-valued semiring values)."""

@@ -8,10 +8,17 @@ import numpy as np
 from semigrad import codec
 from semigrad.v1 import semigrad_pb2 as pb
 
+from ..engine.specs import EvaluateSpec, GradientSpec, HookRequest
 from ..errors import InvalidArgument
 from ..ir import Graph, InputSpec, Node, OpDefinition, Type
 from ..ops.base import OpDef
 from .shared_memory import Session, Writer
+
+# Request fields the servicer acts on itself rather than the engine: where the response's tensors
+# go. Every other field of EvaluateRequest and GradientRequest goes into the request's spec
+# (tests/test_request_specs.py checks both lists against the proto).
+EVALUATE_TRANSPORT_FIELDS = frozenset({"output_region"})
+GRADIENT_TRANSPORT_FIELDS = frozenset({"output_region"})
 
 
 def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None) -> np.ndarray:
@@ -115,27 +122,48 @@ def params_from_proto(params: Mapping[str, pb.AttrValue]) -> dict[str, object]:
     return {key: _attr("semiring_params", key, value) for key, value in params.items()}
 
 
-def hooks_from_proto(attachments) -> list:
-    from ..engine import HookRequest
+def hooks_from_proto(attachments) -> tuple[HookRequest, ...]:
+    return tuple(HookRequest(h.node, h.hook, h.kind or "post", tuple(sorted(params_from_proto(h.params).items())),
+                             h.client) for h in attachments)
 
-    return [HookRequest(h.node, h.hook, h.kind or "post", tuple(sorted(params_from_proto(h.params).items())), h.client)
-            for h in attachments]
+
+def evaluate_spec(request: pb.EvaluateRequest, shared: Session | None = None) -> EvaluateSpec:
+    """`shared`: the request's shared-memory session, for inputs that reference a region."""
+    return EvaluateSpec(request.graph_id, tensors_to_arrays(request.inputs, "input", shared), tuple(request.outputs),
+                        tuple(request.nodes), request.backend or "auto")
+
+
+def gradient_spec(request: pb.GradientRequest, shared: Session | None = None) -> GradientSpec:
+    """`shared`: the request's shared-memory session, for inputs and seeds that reference a region."""
+    return GradientSpec(
+        request.graph_id, tensors_to_arrays(request.inputs, "input", shared), tuple(request.wrt),
+        tuple(request.outputs), tensors_to_arrays(request.seeds, "seed", shared) if request.seeds else None,
+        request.return_outputs, request.semiring or "real",
+        params_from_proto(request.semiring_params) if request.semiring_params else None, request.return_components,
+        tuple((ref.input, tuple(ref.index)) for ref in request.best_paths) if request.best_paths else (),
+        request.backend or "auto", tuple(request.retain), hooks_from_proto(request.hooks) if request.hooks else ())
 
 
 def gradient_response(result, writer: Writer | None = None) -> pb.GradientResponse:
-    """`writer`: the request's shared-memory output region, filled in this order (gradients first)."""
-    gradients = arrays_to_tensors(result.gradients, writer)
-    outputs = arrays_to_tensors(result.outputs, writer)
-    components = {x: pb.Tensors(tensors=arrays_to_tensors(parts, writer)) for x, parts in result.components.items()}
-    retained = arrays_to_tensors(result.retained, writer)
-    records = {key: pb.Tensors(tensors=arrays_to_tensors(parts, writer)) for key, parts in result.records.items()}
-    return pb.GradientResponse(
-        retained=retained, records=records, gradients=gradients, outputs=outputs, components=components,
-        best_paths=[pb.BestPath(
+    """`writer`: the request's shared-memory output region, filled in this order (gradients first).
+    Empty parts are left out of the message's constructor (most results have gradients only)."""
+    fields = {"gradients": arrays_to_tensors(result.gradients, writer)}
+    if result.outputs:
+        fields["outputs"] = arrays_to_tensors(result.outputs, writer)
+    if result.components:
+        fields["components"] = {x: pb.Tensors(tensors=arrays_to_tensors(parts, writer))
+                                for x, parts in result.components.items()}
+    if result.retained:
+        fields["retained"] = arrays_to_tensors(result.retained, writer)
+    if result.records:
+        fields["records"] = {key: pb.Tensors(tensors=arrays_to_tensors(parts, writer))
+                             for key, parts in result.records.items()}
+    if result.best_paths:
+        fields["best_paths"] = [pb.BestPath(
             start=pb.ElementRef(input=p.input, index=p.index), output=p.output,
             steps=[pb.PathStep(node=node, index=index, partial=partial) for node, index, partial in p.steps],
-            value=p.value) for p in result.best_paths],
-    )
+            value=p.value) for p in result.best_paths]
+    return pb.GradientResponse(**fields)
 
 
 def semiring_info(record) -> pb.SemiringInfo:

@@ -50,14 +50,6 @@ def rpc(method):
     return handler
 
 
-def _plain(request: pb.GradientRequest) -> bool:
-    """A real-semiring gradient request with nothing but inputs, wrt, outputs, return_outputs and
-    backend, its results inline."""
-    return (request.semiring in ("", "real") and not (
-        request.seeds or request.semiring_params or request.return_components or request.best_paths
-        or request.retain or request.hooks) and not request.HasField("output_region"))
-
-
 def deadline_of(context: grpc.ServicerContext) -> float | None:
     remaining = context.time_remaining()
     return None if remaining is None else time.monotonic() + remaining
@@ -86,12 +78,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
     @rpc
     def Evaluate(self, request, context):
         with self.shared_memory.session() as shared:
-            inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
+            spec = convert.evaluate_spec(request, shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
             with results_in(writer.allocate if writer is not None else None):
-                outputs, nodes = self.engine.evaluate(
-                    request.graph_id, inputs, outputs=list(request.outputs), nodes=list(request.nodes),
-                    deadline=deadline_of(context), backend=request.backend)
+                outputs, nodes = self.engine.run_evaluate(spec, deadline_of(context))
             return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs, writer),
                                        nodes=convert.arrays_to_tensors(nodes, writer))
 
@@ -100,36 +90,14 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         return self._gradient(request, deadline_of(context))
 
     def _gradient(self, request, deadline, hook_run=None):
-        if hook_run is None and _plain(request):
-            return self._plain_gradient(request, deadline)
         with self.shared_memory.session() as shared:
-            inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
-            seeds = convert.tensors_to_arrays(request.seeds, "seed", shared)
-            writer = shared.writer(request.output_region) if request.HasField("output_region") else None
-            with results_in(writer.allocate if writer is not None else None):
-                result = self._engine_gradient(request, inputs, seeds, deadline, hook_run)
+            spec = convert.gradient_spec(request, shared)
+            if not request.HasField("output_region"):
+                return convert.gradient_response(self.engine.run_gradient(spec, deadline, hook_run))
+            writer = shared.writer(request.output_region)
+            with results_in(writer.allocate):
+                result = self.engine.run_gradient(spec, deadline, hook_run)
             return convert.gradient_response(result, writer)
-
-    def _engine_gradient(self, request, inputs, seeds, deadline, hook_run):
-        return self.engine.gradient(
-            request.graph_id, inputs, wrt=list(request.wrt), seeds=seeds, outputs=list(request.outputs),
-            return_outputs=request.return_outputs, semiring=request.semiring,
-            semiring_params=convert.params_from_proto(request.semiring_params),
-            return_components=request.return_components,
-            best_paths=[(ref.input, tuple(ref.index)) for ref in request.best_paths],
-            deadline=deadline, backend=request.backend, retain=list(request.retain),
-            hooks=convert.hooks_from_proto(request.hooks), hook_run=hook_run)
-
-    def _plain_gradient(self, request, deadline):
-        """Real gradients without options, the request most clients send: the same answer as the
-        general path, through fewer steps (a small request's time is mostly such steps)."""
-        with self.shared_memory.session() as shared:
-            result = self.engine.gradient(
-                request.graph_id, convert.tensors_to_arrays(request.inputs, "input", shared), wrt=request.wrt,
-                outputs=request.outputs, return_outputs=request.return_outputs, deadline=deadline,
-                backend=request.backend)
-            return pb.GradientResponse(gradients=convert.arrays_to_tensors(result.gradients),
-                                       outputs=convert.arrays_to_tensors(result.outputs))
 
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK

@@ -87,7 +87,7 @@ class SharedMemory:
             self._cache.clear()
 
     # -------------------------------------------------------------------------------- mappings
-    def _acquire(self, name: str, what: str) -> _Mapping:
+    def pin(self, name: str, what: str) -> _Mapping:
         """The mapping of region `name`, pinned, its identity and size checked now."""
         if not self.enabled:
             raise FailedPrecondition(f"{what}: shared memory is disabled on this server "
@@ -112,7 +112,7 @@ class SharedMemory:
                 size = -1
             if size == m.size:
                 return m
-            self._release(m)
+            self.unpin(m)
             with self._lock:
                 if self._cache.get(name) is m:
                     del self._cache[name]
@@ -164,7 +164,8 @@ class SharedMemory:
             os.close(fd)  # the mapping keeps its own descriptor
         return _Mapping(name, mm, (st.st_dev, st.st_ino), st.st_size)
 
-    def _release(self, m: _Mapping) -> None:
+    def unpin(self, m: _Mapping) -> None:
+        """Undo one `pin`: an evicted mapping closes at its last unpin."""
         with self._lock:
             m.pins -= 1
             if m.pins == 0 and m.evicted:
@@ -219,13 +220,13 @@ class Session:
 
     def __exit__(self, *exc_info) -> None:
         for m in self._pinned.values():
-            self._shm._release(m)
+            self._shm.unpin(m)
         self._pinned.clear()
 
     def _mapping(self, name: str, what: str) -> _Mapping:
         m = self._pinned.get(name)
         if m is None:
-            m = self._pinned[name] = self._shm._acquire(name, what)
+            m = self._pinned[name] = self._shm.pin(name, what)
         return m
 
     def array(self, tensor: pb.Tensor, what: str) -> np.ndarray:

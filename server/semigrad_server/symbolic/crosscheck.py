@@ -40,6 +40,13 @@ MAX_JACOBIAN_ELEMENTS = 1_000_000
 Key = tuple[str, str]  # (output, input)
 
 
+@dataclass(frozen=True)
+class ComplexStepKey:
+    """The plan cache key of the forward plan the complex step runs (complex inputs)."""
+
+    outputs: tuple[str, ...]
+
+
 @dataclass
 class MethodResult:
     method: str
@@ -101,9 +108,9 @@ def crosscheck(engine, graph_id: str, inputs: Mapping[str, np.ndarray], *, wrt: 
                deadline: float | None = None) -> CrossCheckReport:
     cg = engine.get(graph_id)
     s = engine.semirings.get(semiring or "real", semiring_params)
-    point = _point(engine, cg, inputs)
-    outputs = select_outputs(engine, cg, outputs)
-    wrt = engine._wrt(cg, wrt)
+    point = _point(cg, inputs)
+    outputs = select_outputs(cg, outputs)
+    wrt = cg.wrt_inputs(wrt)
     atol = _tolerance("atol", ATOL if atol is None else atol)
     rtol = _tolerance("rtol", RTOL if rtol is None else rtol)
     step = DEFAULT_STEP if step is None else float(step)
@@ -120,7 +127,7 @@ def crosscheck(engine, graph_id: str, inputs: Mapping[str, np.ndarray], *, wrt: 
         "reverse": lambda: _reverse(engine, cg, point, wrt, outputs, deadline) if real
         else _semiring_reverse(engine, cg, point, wrt, outputs, s, semiring_params, deadline),
         "symbolic": lambda: _symbolic(cg, point, wrt, outputs, deadline),
-        "complex_step": lambda: _complex_step(engine, cg, point, wrt, outputs),
+        "complex_step": lambda: _complex_step(cg, point, wrt, outputs),
         "finite_difference": lambda: _finite_difference(engine, cg, point, wrt, outputs, step, richardson, deadline),
         "path_enumeration": lambda: _path_enumeration(engine, cg, point, wrt, outputs, s),
     }
@@ -147,8 +154,8 @@ def crosscheck(engine, graph_id: str, inputs: Mapping[str, np.ndarray], *, wrt: 
 # ---------------------------------------------------------------- request checks
 
 
-def _point(engine, cg, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    batch = engine._batch(cg, inputs)
+def _point(cg, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    batch = cg.batch(inputs)
     for name, a in batch.arrays.items():
         if a.shape != cg.types[name].shape:
             raise InvalidArgument(f"a cross-check runs at one point: input '{name}' has shape {list(a.shape)}; send it "
@@ -156,9 +163,9 @@ def _point(engine, cg, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray
     return dict(batch.arrays)
 
 
-def select_outputs(engine, cg, outputs: Sequence[str]) -> list[str]:
+def select_outputs(cg, outputs: Sequence[str]) -> list[str]:
     """The named outputs (all float), or by default every float output."""
-    names = engine._output_names(cg, outputs)
+    names = cg.output_names(outputs)
     floats = [n for n in names if cg.types[cg.graph.output_map[n]].is_float]
     if outputs and len(floats) != len(names):
         bad = next(n for n in names if n not in floats)
@@ -233,13 +240,13 @@ def _finite_difference(engine, cg, point, wrt, outputs, step, richardson, deadli
     return MethodResult("finite_difference", True, f"{how}, h = {step:g}·max(1, |x|)", blocks=blocks)
 
 
-def _complex_step(engine, cg, point, wrt, outputs) -> MethodResult:
+def _complex_step(cg, point, wrt, outputs) -> MethodResult:
     for node in cg.order:
         if cg.registry.get(node).analytic:
             continue
         return MethodResult("complex_step", False, f"not run: op '{node.op}' (node '{node.id}') is not analytic")
     out_types = {o: cg.types[cg.graph.output_map[o]] for o in outputs}
-    plan = engine._plan(cg, ("complex-step", tuple(outputs)), lambda: Plan(
+    plan = cg.plans.get(ComplexStepKey(tuple(outputs)), lambda: Plan(
         cg.graph, cg.order, cg.types, [(o, cg.graph.output_map[o]) for o in outputs], registry=cg.registry,
         attrs=cg.attrs))
     blocks = complex_step_jacobian(plan.run, point, wrt, out_types)

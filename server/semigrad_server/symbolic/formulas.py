@@ -49,8 +49,8 @@ def symbolic_gradient(engine, graph_id: str, wrt: Sequence[str] = (), outputs: S
     from .crosscheck import select_outputs
 
     cg = engine.get(graph_id)
-    outputs = select_outputs(engine, cg, outputs)
-    wrt = engine._wrt(cg, wrt)
+    outputs = select_outputs(cg, outputs)
+    wrt = cg.wrt_inputs(wrt)
     jac = symbolic_jacobian(cg, outputs, wrt, deadline=deadline)
     with sympy_failures("the formulas"):
         return formulas(cg, jac, simplify)

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..autodiff.best_path import _local_jacobian
+from ..autodiff.local_jacobian import local_jacobian
 from ..autodiff.reverse import active_nodes
 from ..ir import Graph, InputSpec, Node
 from ..runtime import Plan
@@ -22,6 +22,13 @@ from .compare import within, worst
 from .finite_diff import perturbations, relative_steps
 
 MAX_LOCAL_JACOBIAN = 1_000_000  # elements of one node's local Jacobian (larger ones are skipped)
+
+
+@dataclass(frozen=True)
+class LocalForwardKey:
+    """The plan cache key of a node's forward kernel on its own."""
+
+    node: str
 
 
 @dataclass
@@ -63,8 +70,8 @@ def check_nodes(engine, cg, point: Mapping[str, np.ndarray], wrt: Sequence[str],
                 continue
             operands = [values[r] for r in node.inputs]
             with np.errstate(all="ignore"):
-                analytic = _local_jacobian(engine, cg, node, pos, operands)
-                numeric = _fd_local_jacobian(engine, cg, node, pos, operands, step)
+                analytic = local_jacobian(cg, node, pos, operands)
+                numeric = _fd_local_jacobian(cg, node, pos, operands, step)
             ok, abs_err, rel_err = within(analytic, numeric, atol, rtol)
             check.passed = bool(np.all(ok))
             check.max_abs_error = float(np.max(abs_err, initial=0.0))
@@ -84,9 +91,9 @@ def node_values(engine, cg, point: Mapping[str, np.ndarray]) -> dict[str, np.nda
     return {**{k: np.asarray(v) for k, v in point.items()}, **{k: np.asarray(v) for k, v in nodes.items()}}
 
 
-def _fd_local_jacobian(engine, cg, node: Node, pos: int, operands: list[np.ndarray], step: float) -> np.ndarray:
+def _fd_local_jacobian(cg, node: Node, pos: int, operands: list[np.ndarray], step: float) -> np.ndarray:
     """J[j, i] ≈ ∂ node[j] / ∂ operand_pos[i] by central differences of the node's kernel."""
-    plan = engine._plan(cg, ("local-forward", node.id), lambda: _forward_plan(cg, node))
+    plan = cg.plans.get(LocalForwardKey(node.id), lambda: _forward_plan(cg, node))
     x = np.asarray(operands[pos], dtype=np.float64)
     h = relative_steps(x, step)
     batch = np.concatenate([perturbations(x, h, 1.0), perturbations(x, h, -1.0)])

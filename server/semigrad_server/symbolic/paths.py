@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..autodiff.best_path import _local_jacobian
+from ..autodiff.local_jacobian import local_jacobian
 from ..autodiff.reverse import active_nodes
 from ..errors import FailedPrecondition
 from .localise import node_values
@@ -44,7 +44,7 @@ def path_sums(engine, cg, point: Mapping[str, np.ndarray], wrt: Sequence[str], o
                 raise FailedPrecondition(f"graph too large for brute-force path enumeration: its local Jacobians "
                                          f"have more than {MAX_EDGE_ELEMENTS} elements")
             with np.errstate(all="ignore"):
-                jac = _local_jacobian(engine, cg, node, pos, [values[r] for r in node.inputs])
+                jac = local_jacobian(cg, node, pos, [values[r] for r in node.inputs])
             for j, i in zip(*np.nonzero(jac)):
                 edges[ref, int(i)].append((node.id, int(j), float(jac[j, i])))
 

@@ -1,0 +1,200 @@
+"""The engine behind the service: registers graphs and answers requests with fresh forward
+passes (never stale saved values), through plans compiled once per (graph, request shape).
+
+It knows nothing of gRPC: specs and arrays in, arrays out, errors from `errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .. import ir
+from ..errors import FailedPrecondition, InvalidArgument
+from ..hooks import run as hooks_run
+from ..hooks.loader import HookRegistry
+from ..hooks.loader import default_registry as default_hooks
+from ..hooks.run import HookRun
+from ..ir import Graph
+from ..limits import Limits
+from ..runtime.allocation import results_in
+from ..runtime.compiled import compile_executable
+from ..runtime.outputs import OutputKey
+from ..semiring.loader import SemiringRegistry, default_registry
+from ..store import MemoryStore, SqliteStore
+from .execution import check_work, checked_backend, compile_kind, run_plan
+from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
+from .graphs import Batch, CompiledGraph, compile_graph
+from .remembered import CheckedGradient, result_slot
+from .results import GradientResult, full, gradient_result
+from .specs import EvaluateSpec, GradientSpec, HookRequest
+
+
+@dataclass(frozen=True)
+class EvaluatePlanKey:
+    """What an evaluation plan computes (the plan cache key)."""
+
+    outputs: tuple[str, ...]
+    nodes: tuple[str, ...]
+    compile_kind: str
+
+
+class Engine:
+    """`persistent`: an optional shared store of serialised graphs (e.g. SqliteStore) behind
+    the in-memory cache of compiled graphs."""
+
+    def __init__(self, limits: Limits | None = None, semirings: SemiringRegistry | None = None,
+                 persistent: SqliteStore | None = None, hooks: HookRegistry | None = None):
+        self.limits = limits or Limits()
+        self.semirings = semirings or default_registry()
+        self.hooks = hooks or default_hooks()
+        self.store: MemoryStore[CompiledGraph] = MemoryStore(self.limits.max_graphs)
+        self.persistent = persistent
+
+    # ------------------------------------------------------------ registration
+    def register(self, graph: Graph) -> tuple[CompiledGraph, bool]:
+        cg = compile_graph(graph, self.limits)
+        stored, created = self.store.put_if_absent(cg.id, cg)
+        if self.persistent is not None:
+            created = self.persistent.put(cg.id, ir.serialize(graph))
+        return stored, created
+
+    def get(self, graph_id: str) -> CompiledGraph:
+        if self.persistent is not None and graph_id not in self.store:
+            data = self.persistent.get(graph_id)
+            if data is not None:  # registered through another worker, or before a restart
+                return self.store.put_if_absent(graph_id, compile_graph(ir.deserialize(data), self.limits))[0]
+        return self.store.get(graph_id)
+
+    # ------------------------------------------------------------ keyword forms of the requests
+    def evaluate(self, graph_id: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = (),
+                 nodes: Sequence[str] = (), deadline: float | None = None, backend: str = "auto"):
+        """The outputs' values ({name: array}) and the `nodes`' values ({id: array})."""
+        return self.run_evaluate(EvaluateSpec(graph_id, inputs, tuple(outputs), tuple(nodes), backend or "auto"),
+                                 deadline)
+
+    def gradient(self, graph_id: str, inputs: Mapping[str, np.ndarray], wrt: Sequence[str] = (),
+                 seeds: Mapping[str, np.ndarray] | None = None, outputs: Sequence[str] = (),
+                 return_outputs: bool = False, semiring: str = "real",
+                 semiring_params: Mapping[str, object] | None = None, return_components: bool = False,
+                 best_paths: Sequence[tuple[str, tuple[int, ...]]] = (), deadline: float | None = None,
+                 backend: str = "auto", retain: Sequence[str] = (), hooks: Sequence[HookRequest] = (),
+                 hook_run: HookRun | None = None) -> GradientResult:
+        """Gradients (under `semiring`) of the outputs w.r.t. `wrt` (see GradientSpec).
+
+        `retain`: intermediate nodes whose gradients come back too. `hooks`: hook attachments;
+        client hooks call `hook_run.client`."""
+        spec = GradientSpec(graph_id, inputs, tuple(wrt), tuple(outputs), seeds, return_outputs, semiring or "real",
+                            semiring_params, return_components, tuple(best_paths) if best_paths else (),
+                            backend or "auto", tuple(retain) if retain else (), tuple(hooks) if hooks else ())
+        return self.run_gradient(spec, deadline, hook_run)
+
+    # ------------------------------------------------------------ requests
+    def run_evaluate(self, spec: EvaluateSpec, deadline: float | None = None):
+        backend = checked_backend(spec.backend)
+        cg = self.get(spec.graph_id)
+        names = cg.output_names(spec.outputs)
+        for ref in spec.nodes:
+            if ref not in cg.types:
+                raise InvalidArgument(f"unknown node '{ref}' requested")
+        batch = cg.batch(spec.inputs)
+        key = EvaluatePlanKey(tuple(names), tuple(spec.nodes), compile_kind(backend))
+        plan = cg.plans.get(key, lambda: compile_executable(
+            cg.graph, cg.order, cg.types,
+            [(OutputKey.output(n), cg.graph.output_map[n]) for n in names]
+            + [(OutputKey.value(r), r) for r in spec.nodes],
+            registry=cg.registry, attrs=cg.attrs, backend=backend))
+        results = run_plan(plan, batch, deadline, backend, self.limits)
+        out = {n: full(results[OutputKey.output(n)], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names}
+        node_values = {r: full(results[OutputKey.value(r)], batch.shape, cg.types[r]) for r in spec.nodes}
+        return out, node_values
+
+    def run_gradient(self, spec: GradientSpec, deadline: float | None = None,
+                     hook_run: HookRun | None = None) -> GradientResult:
+        memo = None
+        if spec.is_plain:
+            cg = self.get(spec.graph_id)
+            try:  # the request's memo (see remembered.py), computed inline: this is the short path
+                memo = (spec.wrt, spec.outputs, spec.return_outputs, spec.backend,
+                        tuple([(name, a.shape, a.dtype) for name, a in spec.inputs.items()]))
+            except AttributeError:  # not arrays: the full checks will say so
+                memo = None
+            checked = cg.remembered.get(memo)
+            if checked is not None:
+                return self.plain_gradient(checked, spec.inputs, deadline, spec.backend)
+        backend = checked_backend(spec.backend)
+        s = self.semirings.get(spec.semiring, spec.semiring_params)
+        cg = self.get(spec.graph_id)
+        for ref in spec.retain:
+            if ref not in cg.types:
+                raise InvalidArgument(f"retain names unknown node '{ref}'")
+        slots = hook_slots(cg, spec.hooks, s, hook_run, self.hooks)
+        seeds = dict(spec.seeds or {})
+        names = cg.output_names(spec.outputs)
+        for name in names:
+            t = cg.types[cg.graph.output_map[name]]
+            if not t.is_float:
+                raise InvalidArgument(f"output '{name}' has dtype {t.dtype} and cannot be differentiated")
+        wrt = cg.wrt_inputs(spec.wrt)
+        for name in seeds:
+            if name not in names:
+                raise InvalidArgument(f"seed given for '{name}', which is not a differentiated output "
+                                      f"(differentiated: {', '.join(names)})")
+        if spec.best_paths and not s.selective:
+            raise FailedPrecondition(f"best paths need a selective semiring (max/min-like); '{s.name}' is not")
+        batch = cg.batch(spec.inputs)
+        seeded = tuple(sorted(seeds))
+        shape = batch.shape
+        for name in seeded:
+            seeds[name], shape = checked_seed(cg, name, seeds[name], shape)
+
+        key = GradientPlanKey(s.key, tuple(names), tuple(wrt), seeded, spec.return_outputs, bool(spec.best_paths),
+                              compile_kind(backend), spec.retain, tuple(slot_key(slot) for slot in slots))
+        compiled = cg.plans.get(key, lambda: compile_gradient(cg, s, key, backend, slots))
+        if seeded:
+            seed_inputs = compiled.backward.seed_inputs
+            batch = Batch({**batch.arrays, **{seed_inputs[n]: seeds[n] for n in seeded if n in seed_inputs}}, shape)
+        if memo is not None:
+            gradients = compiled.backward.gradients
+            checked = CheckedGradient(
+                compiled, batch.shape,
+                tuple(result_slot(x, OutputKey.gradient(x) if gradients[x] is not None else None, cg.types[x],
+                                  batch.shape) for x in wrt),
+                tuple(result_slot(n, OutputKey.output(n), cg.types[cg.graph.output_map[n]], batch.shape)
+                      for n in names) if spec.return_outputs else ())
+            check_work(compiled.plan, batch.shape, self.limits)  # the same for every repeat of this signature
+            cg.remembered.remember(memo, checked)
+            return self.plain_gradient(checked, batch.arrays, deadline, backend)
+        run = hook_run or HookRun()
+        # Best paths read every adjoint and value: scratch, not results for a caller's region.
+        with results_in(None) if spec.best_paths else contextlib.nullcontext():
+            if slots:
+                token = hooks_run.CURRENT.set(run)
+                try:
+                    results = run_plan(compiled.plan, batch, deadline, backend, self.limits)
+                finally:
+                    hooks_run.CURRENT.reset(token)
+            else:
+                results = run_plan(compiled.plan, batch, deadline, backend, self.limits)
+        return gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
+
+    def plain_gradient(self, checked: CheckedGradient, inputs: Mapping[str, np.ndarray], deadline: float | None,
+                       backend: str) -> GradientResult:
+        """The short path: a plain request whose signature passed every check before. Only its
+        time bound is left to set."""
+        bound = time.monotonic() + self.limits.max_request_seconds  # time_bound(), inline: no call
+        results = checked.compiled.plan.run(inputs, bound if deadline is None else min(deadline, bound), backend,
+                                            checked.shape)
+        result = GradientResult()
+        for slots, arrays in ((checked.gradients, result.gradients), (checked.outputs, result.outputs)):
+            for name, key, t, shape, dtype in slots:
+                value = results[key] if key is not None else np.zeros(())
+                # most results are already whole: checked here, without a call
+                if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+                    value = full(value, checked.shape, t)
+                arrays[name] = value
+        return result

@@ -1,0 +1,91 @@
+"""What a request gets back: plan results, keyed by OutputKey, turned into arrays with the
+request's full batch shape and the declared dtypes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .. import ir
+from ..autodiff.best_path import trace_best_paths
+from ..autodiff.reverse import BackwardGraph
+from ..ir import Type
+from ..ops.hook_ops import HookSlot
+from ..runtime.outputs import OutputKey
+
+
+@dataclass(init=False, slots=True)
+class GradientResult:
+    gradients: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    components: dict[str, dict[str, np.ndarray]]
+    best_paths: list
+    retained: dict[str, np.ndarray]
+    records: dict[str, dict[str, np.ndarray]]
+
+    # Written out (not default factories): every short-path request builds one.
+    def __init__(self, gradients=None, outputs=None, components=None, best_paths=None, retained=None, records=None):
+        self.gradients = {} if gradients is None else gradients
+        self.outputs = {} if outputs is None else outputs
+        self.components = {} if components is None else components
+        self.best_paths = [] if best_paths is None else best_paths
+        self.retained = {} if retained is None else retained
+        self.records = {} if records is None else records
+
+
+def gradient_result(cg, s, spec, backward: BackwardGraph, results: Mapping, batch, wrt: Sequence[str],
+                    names: Sequence[str], slots: Sequence[HookSlot], records: Mapping) -> GradientResult:
+    """A general gradient request's result from its plan's `results` (and the hooks' `records`):
+    gradients (semiring values read back, with their components if asked), forward values,
+    retained adjoints, hook records, best paths."""
+    result = GradientResult()
+    real = s.name == "real"
+    for x in wrt:
+        t = cg.types[x]
+        value = results[OutputKey.gradient(x)] if backward.gradients[x] is not None else s.zeros(())
+        if real and not spec.return_components:
+            result.gradients[x] = full(value, batch.shape, t)
+            continue
+        read = read_full(s, value, batch.shape + t.shape)
+        result.gradients[x] = cast(read[s.primary], t) if real else read[s.primary]
+        if spec.return_components:
+            result.components[x] = read
+    if spec.return_outputs:
+        result.outputs = {n: full(results[OutputKey.output(n)], batch.shape, cg.types[cg.graph.output_map[n]])
+                          for n in names}
+    for ref in spec.retain:
+        value = results[OutputKey.adjoint(ref)] if ref in backward.adjoints else s.zeros(())
+        result.retained[ref] = readback(s, value, batch.shape + cg.types[ref].shape)
+    for slot in slots:
+        recorded = records.get(slot.key)
+        if recorded:
+            result.records[slot.key] = {name: readback(s, v, batch.shape + slot.shape) for name, v in recorded.items()}
+    if spec.best_paths:
+        result.best_paths = trace_best_paths(cg, backward, s, results, batch, spec.best_paths)
+    return result
+
+
+def read_full(s, value, shape: tuple) -> dict[str, np.ndarray]:
+    """A semiring value's named arrays, broadcast to the request's full shape."""
+    return s.read(s.map(lambda c: c if np.shape(c) == shape else np.broadcast_to(c, shape), value))
+
+
+def readback(s, value, shape: tuple) -> np.ndarray:
+    """A semiring value's primary array, broadcast to the request's full shape."""
+    return read_full(s, value, shape)[s.primary]
+
+
+def cast(value: np.ndarray, t: Type) -> np.ndarray:
+    value = np.asarray(value)
+    return value if value.dtype == ir.DTYPES[t.dtype] else value.astype(t.dtype)
+
+
+def full(value: np.ndarray, batch_shape: tuple, t: Type) -> np.ndarray:
+    """A result with the request's full batch shape, in its declared dtype."""
+    if type(value) is np.ndarray and value.dtype == ir.DTYPES[t.dtype] and value.shape == batch_shape + t.shape:
+        return value  # already whole (the common case)
+    value = cast(value, t)
+    target = tuple(batch_shape) + t.shape
+    return value if value.shape == target else np.broadcast_to(value, target)
