@@ -31,8 +31,12 @@ class Step:
     args: tuple[int, ...]
     out: int
     free: tuple[int, ...]  # slots whose last use is this step
-    reuse: tuple[int, ...] = ()  # positions of operands whose buffer may hold the result (ufunc out=)
-    dtype: np.dtype | None = None  # the result's dtype, for `reuse`
+    reuse: tuple[int, ...] = ()  # positions of operands whose buffer may hold the result (out=)
+    dtype: np.dtype | None = None  # the result's dtype, for `reuse` and output regions
+    # Set for the steps of ops declared elementwise whose kernel writes its result into an array
+    # given as out= (see `_writes_into`): (item rank of each operand, the result's item shape).
+    # Only these steps write into an output region or into a dying operand's buffer.
+    into: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 class Plan:
@@ -84,6 +88,18 @@ class Plan:
             kernel = registry.get(node).kernel(node_attrs[node.id], [types[r] for r in node.inputs], types[node.id])
             return _per_component(kernel) if node.id in map_components else kernel
 
+        def into(node: Node, kernel: Callable):
+            """What a step needs to write its result into a given array, or None: only an op
+            declared elementwise (its result has the operands' broadcast shape, and element i
+            of it reads element i of each operand alone, so it may overwrite an operand) whose
+            kernel writes into out=. Any other kind (matmul, reductions, indexing...) allocates."""
+            if kinds[node.id] != "elementwise" or node.id in map_components:
+                return None
+            in_types = [types[r] for r in node.inputs]
+            if not _writes_into(kernel, in_types, types[node.id]):
+                return None
+            return tuple(t.rank for t in in_types), types[node.id].shape
+
         steps, folded = [], {}
         for node in live_order:
             if node.id in absorbed:
@@ -105,7 +121,8 @@ class Plan:
                     value.flags.writeable = False  # shared by every request
                     folded[slots[node.id]] = value
                     continue
-            steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id], ()))
+            steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id], (),
+                              into=into(node, kernel)))
 
         last_use: dict[int, int] = {}
         for i, step in enumerate(steps):
@@ -116,8 +133,9 @@ class Plan:
         for slot, i in last_use.items():
             if slot not in keep:
                 frees.setdefault(i, []).append(slot)
-        self.steps = tuple(Step(s.node_id, s.kernel, s.args, s.out, tuple(frees.get(i, ())),
-                                _reusable_operands(s, frees.get(i, ())), np.dtype(types[s.node_id].dtype))
+        self.steps = tuple(dataclasses.replace(s, free=tuple(frees.get(i, ())),
+                                               reuse=_reusable_operands(s, frees.get(i, ())),
+                                               dtype=np.dtype(types[s.node_id].dtype))
                            for i, s in enumerate(steps))
         self.constants = tuple((slot, value) for slot, value in folded.items()
                                if slot in {a for step in steps for a in step.args} | keep)
@@ -135,10 +153,9 @@ class Plan:
                 if deadline is not None and i % CHECK_EVERY == 0 and time.monotonic() > deadline:
                     raise DeadlineExceeded(f"deadline exceeded at node '{step.node_id}' ({i}/{len(self.steps)} steps)")
                 try:
-                    if allocating and step.out in self.output_slot_set and isinstance(step.kernel, np.ufunc) \
-                            and step.kernel.nout == 1:
+                    if allocating and step.into is not None and step.out in self.output_slot_set:
                         args = [env[a] for a in step.args]
-                        out = result_array(np.broadcast_shapes(*(np.shape(x) for x in args)), step.dtype)
+                        out = result_array(_result_shape(args, step), step.dtype)
                         env[step.out] = step.kernel(*args, out=out)
                         del args
                     elif step.reuse:
@@ -160,9 +177,30 @@ class Plan:
 REUSE_MIN_ELEMENTS = 1 << 15  # below this, allocating is cheaper than checking
 
 
+def _writes_into(kernel: Callable, in_types: Sequence[Type], out_type: Type) -> bool:
+    """Whether `kernel` follows NumPy's out= convention: asked of the kernel itself, once, on
+    one-element operands of the step's ranks and dtypes. It must accept out= and return that
+    very array (a kernel that ignores out= or cannot take it says no)."""
+    try:
+        operands = [np.ones((1,) * t.rank, dtype=t.dtype) for t in in_types]
+        out = np.empty((1,) * out_type.rank, dtype=out_type.dtype)
+        with np.errstate(all="ignore"):
+            return kernel(*operands, out=out) is out
+    except Exception:  # TypeError (no out=), a casting error...: the step allocates its result
+        return False
+
+
+def _result_shape(args: Sequence, step: Step) -> tuple[int, ...]:
+    """The shape of an `into` step's result for these operands: the broadcast of their batch
+    (leading) axes, then the result's item shape."""
+    ranks, item_shape = step.into
+    leads = [np.shape(x)[: np.ndim(x) - rank] for x, rank in zip(args, ranks)]
+    return tuple(np.broadcast_shapes(*leads)) + item_shape
+
+
 def _reusable_operands(step: Step, freed: Sequence[int]) -> tuple[int, ...]:
-    """Operands of a plain NumPy ufunc step that die at this step (candidates for out=)."""
-    if not isinstance(step.kernel, np.ufunc) or step.kernel.nout != 1:
+    """Operands of an `into` step (elementwise) that die at this step (candidates for out=)."""
+    if step.into is None:
         return ()
     return tuple(k for k, slot in enumerate(step.args) if slot in freed and step.args.count(slot) == 1)
 
@@ -171,12 +209,12 @@ def _dead_buffer(args: list, step: Step) -> dict:
     """{"out": an operand's buffer} when nothing else can see that buffer any more: it owns its
     memory, has the result's shape and dtype, and its only references are the plan's slot, the
     `args` list, this frame and getrefcount's argument (a view of it, or a caller holding it,
-    would add one). Else {}: the ufunc allocates."""
+    would add one). Else {}: the kernel allocates."""
     for k in step.reuse:
         a = args[k]
         if (type(a) is np.ndarray and a.size >= REUSE_MIN_ELEMENTS and a.flags.owndata and a.flags.writeable
                 and a.flags.c_contiguous and a.dtype == step.dtype and sys.getrefcount(a) <= 4
-                and a.shape == np.broadcast_shapes(*(np.shape(x) for x in args))):
+                and a.shape == _result_shape(args, step)):
             return {"out": a}
     return {}
 
