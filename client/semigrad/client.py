@@ -15,7 +15,7 @@ import numpy as np
 
 from . import codec
 from .description import GraphDescription
-from .errors import FailedPrecondition, SemigradError, error_for_code, from_rpc_error
+from .errors import FailedPrecondition, InvalidArgument, SemigradError, error_for_code, from_rpc_error
 from .hooks import Contribution, attachments
 from .graph import Graph
 from .reports import CrossCheckReport, SymbolicGradient
@@ -232,8 +232,10 @@ class RegisteredGraph:
     ``created`` tells whether registering stored the graph (False if it already existed, or
     when bound with Client.get_graph).
 
-    Input values and seeds may be ndarrays, lists or scalars: they are converted with np.asarray
-    to the declared dtype, and may carry leading batch dimensions (results carry them too).
+    Input values and seeds may be ndarrays, lists or scalars: they are converted to the declared
+    dtype, and may carry leading batch dimensions (results carry them too). A conversion that
+    would change a value (2.7 or 1e30 into int64, 2 into bool, strings) raises InvalidArgument
+    naming the input, both dtypes and the first element at fault; see :func:`semigrad.codec.cast`.
     Returned arrays are read-only views of the response bytes, or, for calls that went through
     shared memory (see :class:`Client`), writable arrays of their own.
     """
@@ -317,7 +319,7 @@ class RegisteredGraph:
         request = pb.DrawGraphRequest(
             graph_id=self.id, inputs=_encode(inputs or {}, self.input_specs), semiring=semiring, wrt=_names(wrt),
             semiring_params={k: codec.attr_value(v) for k, v in (semiring_params or {}).items()},
-            values=_encode(values or {}, self.types), gradients=_encode(gradients or {}, {}),
+            values=_encode(values or {}, self.types, "value of"), gradients=_encode(gradients or {}, {}),
             highlight=_path_elements(highlight_path))
         return self.client._call("DrawGraph", request).dot
 
@@ -450,8 +452,7 @@ class RegisteredGraph:
                 raise TypeError(f"gradient_many does not take {option}=: use gradient")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be at least 1")
-        arrays = {name: np.asarray(value, dtype=self.input_specs[name].dtype if name in self.input_specs else None)
-                  for name, value in inputs.items()}
+        arrays = _arrays(inputs, self.input_specs)
         batched = {name for name, a in arrays.items()
                    if name in self.input_specs and a.ndim > len(self.input_specs[name].shape)}
         sizes = {arrays[name].shape[0] for name in batched}
@@ -565,7 +566,7 @@ class RegisteredGraph:
         request = pb.GradientRequest(graph_id=self.id, **{k: v for k, v in fields.items() if v})
         tensors = {"inputs": _arrays(inputs, self.input_specs)}
         if seeds:
-            tensors["seeds"] = _arrays(seeds, self.output_specs)
+            tensors["seeds"] = _arrays(seeds, self.output_specs, "seed for output")
         return request, tensors
 
     def _result_bytes(self, arrays: Mapping[str, np.ndarray], specs: Iterable[TensorSpec | None]) -> int:
@@ -699,18 +700,30 @@ def _names(names: str | Iterable[str] | None) -> list[str]:
     return [names] if isinstance(names, str) else list(names)
 
 
-def _encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, pb.Tensor]:
+def _encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec],
+            what: str = "input") -> dict[str, pb.Tensor]:
     """Encode ``values`` by name in their spec's dtype (unknown names: for the server to reject)."""
-    return {name: codec.to_tensor(value, specs[name].dtype if name in specs else None)
-            for name, value in values.items()}
+    return {name: codec.to_tensor(array) for name, array in _arrays(values, specs, what).items()}
 
 
-def _arrays(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
-    """``values`` as arrays in their spec's dtype (unknown names: for the server to reject)."""
+def _arrays(values: Mapping[str, object], specs: Mapping[str, TensorSpec],
+            what: str = "input") -> dict[str, np.ndarray]:
+    """``values`` as arrays in their spec's dtype (unknown names: for the server to reject). A cast
+    that would change a value (2.7 into int64, strings...) raises InvalidArgument naming the
+    ``what`` by name, both dtypes and the first element at fault (see :func:`codec.cast`)."""
     arrays = {}
     for name, value in values.items():
-        dtype = _dtype(specs[name].dtype) if name in specs else None
-        arrays[name] = value if type(value) is np.ndarray and value.dtype == dtype else np.asarray(value, dtype=dtype)
+        if name not in specs:
+            arrays[name] = np.asarray(value)
+            continue
+        dtype = _dtype(specs[name].dtype)
+        if type(value) is np.ndarray and value.dtype == dtype:
+            arrays[name] = value
+            continue
+        try:
+            arrays[name] = codec.cast(value, dtype, f"{what} '{name}'")
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
     return arrays
 
 
