@@ -22,10 +22,6 @@ PUBLIC_UNDERSCORED = frozenset({"_replace", "_asdict", "_fields", "_make"})  # n
 # symbolic/numeric.py were out of bounds for the change that added this test): whoever fixes one
 # removes it here. (file under server/semigrad_server, the reach as the scan prints it)
 KNOWN_UNDERSCORE_REACHES = {
-    ("ops/semiring_ops.py", "from .structural import _index_infer"),  # structural's shape rules, shared
-    ("ops/semiring_ops.py", "from .structural import _matmul_infer"),
-    ("ops/semiring_ops.py", "from .structural import _reduce_infer"),
-    ("runtime/scalarize.py", "sc._new"),  # scalarize() driving its own _Scalarizer from outside the class
     ("symbolic/numeric.py", "Printer._print_Function"),  # the module's own class: SymPy dispatches on _print_<Class>
 }
 

@@ -132,8 +132,10 @@ class RegisteredGraph:
     ``created`` tells whether registering stored the graph (False if it already existed, or
     when bound with Client.get_graph).
 
-    Input values and seeds may be ndarrays, lists or scalars: they are converted with np.asarray
-    to the declared dtype, and may carry leading batch dimensions (results carry them too).
+    Input values and seeds may be ndarrays, lists or scalars: they are converted to the declared
+    dtype, and may carry leading batch dimensions (results carry them too). A conversion that
+    would change a value (2.7 or 1e30 into int64, 2 into bool, strings) raises InvalidArgument
+    naming the input, both dtypes and the first element at fault; see :func:`semigrad.codec.cast`.
     Returned arrays are read-only views of the response bytes, or, for calls that went through
     shared memory (see :class:`Client`), writable arrays of their own.
     """
@@ -218,7 +220,7 @@ class RegisteredGraph:
         request = pb.DrawGraphRequest(
             graph_id=self.id, inputs=messages.encode(inputs or {}, self.input_specs), semiring=semiring,
             wrt=messages.names(wrt), semiring_params=messages.attr_values(semiring_params),
-            values=messages.encode(values or {}, self.types), gradients=messages.encode(gradients or {}, {}),
+            values=messages.encode(values or {}, self.types, "value of"), gradients=messages.encode(gradients or {}, {}),
             highlight=messages.path_elements(highlight_path))
         return self.client.transport.call("DrawGraph", request).dot
 

@@ -6,6 +6,8 @@ Tensors travel as dtype + shape + raw little-endian C-order bytes.
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,15 +69,82 @@ def wire_dtype(dtype) -> np.dtype:
     return _DTYPES[name][1]
 
 
+def cast(value, dtype, what: str = "value") -> np.ndarray:
+    """``value`` as an array of ``dtype``, refusing any cast that would change a value.
+
+    Refused, with a ValueError naming ``what``, both dtypes and the first element at fault: a
+    fraction, NaN, an infinity or a number out of range into int64 (2.7 would become 2, 1e30 the
+    smallest int64); anything but 0 and 1 into bool; a finite number too large for a float dtype
+    (it would become inf); a complex number with an imaginary part; data that are not numbers
+    (strings, objects). Rounding to the nearest number of a float dtype is no loss but what that
+    dtype means (0.1 into float32). Values already of ``dtype`` are returned as they are.
+    """
+    target = np.dtype(dtype)
+    if type(value) is np.ndarray and value.dtype == target:
+        return value
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as e:  # ragged nested sequences
+        raise ValueError(f"{what} is not an array of numbers for {target.name}: {e}") from None
+    if array.dtype == target:
+        return array
+    if array.dtype.kind == "O":
+        return _cast_objects(array, target, what)
+    if array.dtype.kind not in "biufc":
+        index = (0,) * array.ndim
+        data = "strings" if array.dtype.kind in "US" else f"{array.dtype} data"
+        raise ValueError(f"{what} holds {data}, not numbers, where {target.name} is declared"
+                         + (f": element {list(index)} is {array[index].item()!r}" if array.size else ""))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NumPy's own warnings of a lossy cast: refused below instead
+        result = array.astype(target)
+        if target.kind == "f":  # rounding is the dtype's precision; overflow and imaginary parts are lost
+            lost = np.isfinite(array) & ~np.isfinite(result)
+            if array.dtype.kind == "c":
+                lost |= array.imag != 0
+        else:  # int64, bool: every value must come back
+            lost = result != array
+    if np.any(lost):
+        index = tuple(int(i) for i in np.argwhere(lost)[0]) if array.ndim else ()
+        raise ValueError(f"{what} cannot be cast from {array.dtype} to {target.name} without changing its "
+                         f"values: element {list(index)} is {array[index].item()!r}, which would become "
+                         f"{result[index].item()!r}")
+    return result
+
+
+def _cast_objects(array: np.ndarray, target: np.dtype, what: str) -> np.ndarray:
+    """`cast` for an object array (say Python ints beyond int64), element by element."""
+    result = np.empty(array.shape, dtype=target)
+    for index, item in np.ndenumerate(array):
+        if not isinstance(item, numbers.Number):
+            raise ValueError(f"{what} holds {type(item).__name__} data, not numbers, where {target.name} "
+                             f"is declared: element {list(index)} is {item!r}")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                converted = target.type(item)
+            same = (bool(np.isfinite(converted)) or not np.isfinite(complex(item))) if target.kind == "f" \
+                else converted == item
+        except (OverflowError, ValueError, TypeError):
+            converted, same = None, False
+        if not same or (target.kind == "f" and complex(item).imag != 0):
+            raise ValueError(f"{what} cannot be cast from object to {target.name} without changing its values: "
+                             f"element {list(index)} is {item!r}, which "
+                             + ("does not fit" if converted is None else f"would become {converted.item()!r}"))
+        result[index] = converted
+    return result
+
+
 def to_tensor(value, dtype=None) -> pb.Tensor:
     """Encode an array-like as a ``semigrad.v1.Tensor``.
 
-    ``dtype`` (optional) casts first; otherwise the value's own dtype is kept, narrower integers
-    widening to int64. Non-contiguous and big-endian arrays are converted.
+    ``dtype`` (optional) casts first, refusing a cast that changes values (see :func:`cast`);
+    otherwise the value's own dtype is kept, narrower integers widening to int64. Non-contiguous
+    and big-endian arrays are converted.
     """
     if dtype is None and type(value) is np.ndarray and value.dtype == _FLOAT64:  # the usual case, kept short
         return pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=value.shape, data=value.tobytes())
-    array = np.asarray(value, dtype=dtype)
+    array = np.asarray(value) if dtype is None else cast(value, dtype)
     name = value_dtype_name(array.dtype)
     enum, wire = _DTYPES[name]
     data = array.astype(wire, copy=False).tobytes(order="C")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import codec
+from .errors import InvalidArgument
 from .specs import BestPath, PathStep, TensorSpec
 from .v1 import semigrad_pb2 as pb
 
@@ -45,7 +46,7 @@ def gradient_request(graph: RegisteredGraph, inputs, wrt=None, seeds=None, outpu
     request = pb.GradientRequest(graph_id=graph.id, **{k: v for k, v in fields.items() if v})
     tensors = {"inputs": arrays(inputs, graph.input_specs)}
     if seeds:
-        tensors["seeds"] = arrays(seeds, graph.output_specs)
+        tensors["seeds"] = arrays(seeds, graph.output_specs, "seed for output")
     return request, tensors
 
 
@@ -104,19 +105,30 @@ def attr_values(params: Mapping[str, object] | None) -> dict[str, pb.AttrValue]:
     return {k: codec.attr_value(v) for k, v in (params or {}).items()}
 
 
-def encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, pb.Tensor]:
+def encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec],
+           what: str = "input") -> dict[str, pb.Tensor]:
     """Encode ``values`` by name in their spec's dtype (unknown names: for the server to reject)."""
-    return {name: codec.to_tensor(value, specs[name].dtype if name in specs else None)
-            for name, value in values.items()}
+    return {name: codec.to_tensor(array) for name, array in arrays(values, specs, what).items()}
 
 
-def arrays(values: Mapping[str, object], specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
-    """``values`` as arrays in their spec's dtype (unknown names: for the server to reject)."""
+def arrays(values: Mapping[str, object], specs: Mapping[str, TensorSpec],
+           what: str = "input") -> dict[str, np.ndarray]:
+    """``values`` as arrays in their spec's dtype (unknown names: for the server to reject). A cast
+    that would change a value (2.7 into int64, strings...) raises InvalidArgument naming the
+    ``what`` by name, both dtypes and the first element at fault (see :func:`codec.cast`)."""
     converted = {}
     for name, value in values.items():
-        dtype = _dtype(specs[name].dtype) if name in specs else None
-        converted[name] = value if type(value) is np.ndarray and value.dtype == dtype \
-            else np.asarray(value, dtype=dtype)
+        if name not in specs:
+            converted[name] = np.asarray(value)
+            continue
+        dtype = _dtype(specs[name].dtype)
+        if type(value) is np.ndarray and value.dtype == dtype:
+            converted[name] = value
+            continue
+        try:
+            converted[name] = codec.cast(value, dtype, f"{what} '{name}'")
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
     return converted
 
 

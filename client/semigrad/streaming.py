@@ -37,9 +37,8 @@ class Batch:
     def __init__(self, graph: RegisteredGraph, inputs: Mapping[str, object], seeds: Mapping[str, object]):
         self.graph = graph
         specs = graph.input_specs
-        self.inputs = {name: np.asarray(value, dtype=specs[name].dtype if name in specs else None)
-                       for name, value in inputs.items()}
-        self.seeds = {name: np.asarray(v) for name, v in seeds.items()}
+        self.inputs = messages.arrays(inputs, specs)
+        self.seeds = messages.arrays(seeds, graph.output_specs, "seed for output")
         self.batched = {name for name, a in self.inputs.items() if _has_batch(a, specs.get(name))}
         sizes = {self.inputs[name].shape[0] for name in self.batched}
         if len(sizes) > 1:

@@ -198,9 +198,9 @@ def test_reverse_over_reverse_gives_second_derivatives(rng, case):
                                                        if bg2.gradients[x] is not None])
 
     point = inputs_for(case, rng)
-    seed = {"seed:out": rng.normal(size=cg.types[cg.graph.output_map["out"]].shape)}
-    v = {f"seed:{n}": rng.normal(size=first.types[ref].shape) for n, ref in grads}
-    got = hvp.run({**point, **seed, **v})
+    seed = {bg.seed_inputs["out"]: rng.normal(size=cg.types[cg.graph.output_map["out"]].shape)}
+    v = {n: rng.normal(size=first.types[ref].shape) for n, ref in grads}
+    got = hvp.run({**point, **seed, **{bg2.seed_inputs[n]: v[n] for n in names if n in bg2.seed_inputs}})
     for x in xs:
         h = 1e-5 * np.maximum(1.0, np.abs(point[x]))
         want = np.zeros(point[x].shape)
@@ -209,7 +209,7 @@ def test_reverse_over_reverse_gives_second_derivatives(rng, case):
             step[index] = h[index]
             up = grad_plan.run({**point, x: point[x] + step, **seed})
             down = grad_plan.run({**point, x: point[x] - step, **seed})
-            want[index] = sum(np.sum((up[n] - down[n]) * v[f"seed:{n}"]) for n in names) / (2 * h[index])
+            want[index] = sum(np.sum((up[n] - down[n]) * v[n]) for n in names) / (2 * h[index])
         np.testing.assert_allclose(got.get(x, np.zeros(point[x].shape)), want, rtol=1e-5, atol=1e-6, err_msg=x)
 
 
@@ -238,11 +238,8 @@ def transport_client(request, server_address):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_every_transport(client, transport_client, rng, case, request):
+def test_every_transport(client, transport_client, rng, case):
     """Unary and streamed calls, inline and through shared memory, give the tensor engine's bits."""
-    if transport_client.shared_memory is True and case[0] in ("matmul", "composite"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 12: a matmul result written into the "
-                                                                  "shared-memory output region as if elementwise"))
     inputs = inputs_for(case, rng, (5,))
     want = client.register(build(case)).gradient(inputs, backend="tensor")
     f = transport_client.register(build(case))

@@ -170,3 +170,24 @@ def test_a_buffer_seen_through_a_view_is_not_reused(monkeypatch, rng):
     value = engine.evaluate(cg.id, {"x": xs}, backend="tensor")[0]["y"]
     assert reused and not reused[0]
     np.testing.assert_array_equal(value, np.sum(np.cos(np.sin(xs)) * np.sin(xs).T))
+
+
+def test_only_ops_declared_elementwise_write_into_a_given_array():
+    """Whether a step may write into an output region or a dying operand's buffer is read from
+    its op's declared kind: np.matmul (a matmul of matrices) and np.multiply (a matmul with an
+    inner dimension of 1) are ufuncs too, but a matmul's result is no broadcast of its operands."""
+    from semigrad_server.ops import REGISTRY
+
+    g = sg.Graph()
+    x, w, v, u = g.input("x", (300, 300)), g.input("w", (300, 300)), g.input("v", (300, 1)), g.input("u", (1, 300))
+    g.output("y", sg.sum(sg.tanh(x) @ w + sg.exp(v @ u)))
+    engine = Engine()
+    cg, _ = engine.register(graph_from_proto(g.to_proto()))
+    engine.evaluate(cg.id, {"x": np.ones((300, 300)), "w": np.ones((300, 300)), "v": np.ones((300, 1)),
+                            "u": np.ones((1, 300))}, backend="tensor")
+    ops = {n.id: n.op for n in cg.graph.nodes}
+    steps = {ops[s.node_id]: s for s in _plans(engine, cg)["evaluate"].steps}
+    assert {op for op, s in steps.items() if s.into is not None} == {"tanh", "exp", "add"}
+    assert all(REGISTRY.ops[op].kind == "elementwise" for op, s in steps.items() if s.into is not None or s.reuse)
+    matmuls = [s for s in _plans(engine, cg)["evaluate"].steps if ops[s.node_id] == "matmul"]
+    assert len(matmuls) == 2 and all(s.into is None and s.reuse == () for s in matmuls)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..ir import Type
 from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, element_array, input_cost, reduce_elements
-from .structural import (_index_infer, _matmul_infer, _reduce_infer, full_index, matmul_cost, matmul_expand,
+from .structural import (index_infer, matmul_infer, reduce_infer, full_index, matmul_cost, matmul_expand,
                          scatter_expand)
 
 
@@ -37,7 +37,7 @@ def _binary_infer(node, in_types, attrs):
 
 def _scatter_infer(node, in_types, attrs):
     shape = tuple(attrs["shape"])
-    _index_infer(node, [Type(shape, "float64")], attrs)  # validates the index against the shape
+    index_infer(node, [Type(shape, "float64")], attrs)  # validates the index against the shape
     return _value_type(shape)
 
 
@@ -97,7 +97,7 @@ def _bind(base: Registry, s) -> Registry:
         return lambda: value
 
     def sum_infer(node, in_types, attrs):
-        return _value_type(_reduce_infer(node, in_types, attrs).shape)
+        return _value_type(reduce_infer(node, in_types, attrs).shape)
 
     ops = [
         OpDef("sr_lift", "semiring", ("d",), lambda n, t, a: _value_type(t[0].shape),
@@ -108,7 +108,7 @@ def _bind(base: Registry, s) -> Registry:
         OpDef("sr_sum", "semiring", ("x",), sum_infer, sum_kernel,
               attrs=(AttrSpec("axes", "ints", required=True), AttrSpec("keepdims", "bool", default=False)),
               doc="⊕-reduce over axes", expand=_sum_expand, scalar_cost=input_cost),
-        OpDef("sr_matmul", "semiring", ("a", "b"), lambda n, t, a: _value_type(_matmul_infer(n, t, a).shape),
+        OpDef("sr_matmul", "semiring", ("a", "b"), lambda n, t, a: _value_type(matmul_infer(n, t, a).shape),
               matmul_kernel, doc="semiring matmul: ⊕ over k of a[i, k] ⊗ b[k, j]",
               expand=matmul_expand("sr_mul", "sr_add", _semiring_zero), scalar_cost=matmul_cost),
         OpDef("sr_scatter", "semiring", ("x",), _scatter_infer, scatter_kernel,

@@ -57,7 +57,7 @@ def _reduce_axes(node, attrs, rank):
     return norm
 
 
-def _reduce_infer(node, in_types, attrs):
+def reduce_infer(node, in_types, attrs):
     (t,) = in_types
     axes = _reduce_axes(node, attrs, t.rank)
     if node.op == "max" and any(t.shape[a] == 0 for a in axes):
@@ -223,7 +223,7 @@ def _broadcast_vjp(ctx, node, g, positions):
 # ---------------------------------------------------------------- indexing
 
 
-def _index_infer(node, in_types, attrs):
+def index_infer(node, in_types, attrs):
     t = in_types[0]
     index = attrs["index"]
     if len(index) > t.rank:
@@ -250,7 +250,7 @@ def _index_vjp(ctx, node, g, positions):
 
 def _scatter_infer(node, in_types, attrs):
     shape = tuple(int(d) for d in attrs["shape"])
-    target = _index_infer(node, [Type(shape, in_types[0].dtype)], attrs)
+    target = index_infer(node, [Type(shape, in_types[0].dtype)], attrs)
     if broadcast_item_shapes(node, [target.shape, in_types[0].shape]) != target.shape:
         raise GraphError(node.id, f"cannot scatter {list(in_types[0].shape)} into {list(target.shape)}")
     return Type(shape, in_types[0].dtype)
@@ -353,7 +353,7 @@ def _stack_vjp(ctx, node, g, positions):
 # ---------------------------------------------------------------- matmul
 
 
-def _matmul_infer(node, in_types, attrs):
+def matmul_infer(node, in_types, attrs):
     a, b = in_types
     if a.rank == 0 or b.rank == 0:
         raise GraphError(node.id, "matmul operands must have at least one dimension")
@@ -461,7 +461,7 @@ def register(registry: Registry) -> None:
     for name, fn, rule in (("sum", np.sum, "1 for every summed element"),
                            ("mean", np.mean, "1/n for every averaged element"),
                            ("max", np.max, "1 at the maximum (ties share it evenly), 0 elsewhere")):
-        add(OpDef(name, "reduction", ("x",), _reduce_infer, _reduce_kernel(fn),
+        add(OpDef(name, "reduction", ("x",), reduce_infer, _reduce_kernel(fn),
                   vjp={"sum": _sum_vjp, "mean": _mean_vjp, "max": _max_vjp}[name], attrs=AXES,
                   derivatives=(("x", rule),), doc=f"{name} over axes",
                   expand={"sum": _sum_expand, "mean": _mean_expand, "max": _max_expand}[name],
@@ -477,7 +477,7 @@ def register(registry: Registry) -> None:
               attrs=(AttrSpec("shape", "ints", required=True),),
               derivatives=(("x", "⊕-reduce of the adjoint over the broadcast axes"),),
               doc="NumPy broadcasting to a shape", moves_elements=True, analytic=True))
-    add(OpDef("index", "structural", ("x",), _index_infer, _index_kernel, vjp=_index_vjp,
+    add(OpDef("index", "structural", ("x",), index_infer, _index_kernel, vjp=_index_vjp,
               attrs=(AttrSpec("index", "index", required=True),),
               derivatives=(("x", "adjoint scattered into 0̄ at the indexed positions"),),
               doc="basic indexing: ints, slices (negative indices and steps allowed)", moves_elements=True,
@@ -495,7 +495,7 @@ def register(registry: Registry) -> None:
               variadic=True, attrs=(AttrSpec("axis", "int", default=0),),
               derivatives=(("x", "the adjoint's slice for each input"),), doc="join along a new axis",
               moves_elements=True, analytic=True))
-    add(OpDef("matmul", "linalg", ("a", "b"), _matmul_infer, _matmul_kernel, vjp=_matmul_vjp,
+    add(OpDef("matmul", "linalg", ("a", "b"), matmul_infer, _matmul_kernel, vjp=_matmul_vjp,
               derivatives=(("a", "g ⊗ bᵀ (semiring matmul)"), ("b", "aᵀ ⊗ g (semiring matmul)")),
               doc="NumPy matmul: 1-D operands promoted, batch dimensions broadcast",
               expand=matmul_expand("mul", "add", lambda el: el.number(0.0)), scalar_cost=matmul_cost, analytic=True))

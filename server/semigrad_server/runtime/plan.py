@@ -18,6 +18,7 @@ from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
 from . import allocation
 from .allocation import result_array
+from .cse import common_subexpressions
 from .fusion import FusedKernel, fusion_groups
 
 CHECK_EVERY = 64  # steps between deadline checks
@@ -31,8 +32,12 @@ class Step:
     args: tuple[int, ...]
     out: int
     free: tuple[int, ...]  # slots whose last use is this step
-    reuse: tuple[int, ...] = ()  # positions of operands whose buffer may hold the result (ufunc out=)
-    dtype: np.dtype | None = None  # the result's dtype, for `reuse`
+    reuse: tuple[int, ...] = ()  # positions of operands whose buffer may hold the result (out=)
+    dtype: np.dtype | None = None  # the result's dtype, for `reuse` and output regions
+    # Set for the steps of ops declared elementwise whose kernel writes its result into an array
+    # given as out= (see `_writes_into`): (item rank of each operand, the result's item shape).
+    # Only these steps write into an output region or into a dying operand's buffer.
+    into: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 class Plan:
@@ -53,7 +58,7 @@ class Plan:
         live_order.reverse()
         node_attrs = {node.id: attrs[node.id] if attrs is not None else
                       registry.get(node).check_node(node, [types[r] for r in node.inputs]) for node in live_order}
-        live_order, same_as = _common_subexpressions(live_order, node_attrs, registry)
+        live_order, same_as = common_subexpressions(live_order, node_attrs, registry)
 
         slots: dict[str, int] = {}
         self.input_slots = []
@@ -85,6 +90,18 @@ class Plan:
             kernel = registry.get(node).kernel(node_attrs[node.id], [types[r] for r in node.inputs], types[node.id])
             return _per_component(kernel) if node.id in map_components else kernel
 
+        def into(node: Node, kernel: Callable):
+            """What a step needs to write its result into a given array, or None: only an op
+            declared elementwise (its result has the operands' broadcast shape, and element i
+            of it reads element i of each operand alone, so it may overwrite an operand) whose
+            kernel writes into out=. Any other kind (matmul, reductions, indexing...) allocates."""
+            if ops[node.id].kind != "elementwise" or node.id in map_components:
+                return None
+            in_types = [types[r] for r in node.inputs]
+            if not _writes_into(kernel, in_types, types[node.id]):
+                return None
+            return tuple(t.rank for t in in_types), types[node.id].shape
+
         steps, folded = [], {}
         for node in live_order:
             if node.id in absorbed:
@@ -106,7 +123,8 @@ class Plan:
                     value.flags.writeable = False  # shared by every request
                     folded[slots[node.id]] = value
                     continue
-            steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id], ()))
+            steps.append(Step(node.id, kernel, tuple(slots[r] for r in node.inputs), slots[node.id], (),
+                              into=into(node, kernel)))
 
         last_use: dict[int, int] = {}
         for i, step in enumerate(steps):
@@ -117,8 +135,9 @@ class Plan:
         for slot, i in last_use.items():
             if slot not in keep:
                 frees.setdefault(i, []).append(slot)
-        self.steps = tuple(Step(s.node_id, s.kernel, s.args, s.out, tuple(frees.get(i, ())),
-                                _reusable_operands(s, frees.get(i, ())), np.dtype(types[s.node_id].dtype))
+        self.steps = tuple(dataclasses.replace(s, free=tuple(frees.get(i, ())),
+                                               reuse=_reusable_operands(s, frees.get(i, ())),
+                                               dtype=np.dtype(types[s.node_id].dtype))
                            for i, s in enumerate(steps))
         self.constants = tuple((slot, value) for slot, value in folded.items()
                                if slot in {a for step in steps for a in step.args} | keep)
@@ -136,10 +155,9 @@ class Plan:
                 if deadline is not None and i % CHECK_EVERY == 0 and time.monotonic() > deadline:
                     raise DeadlineExceeded(f"deadline exceeded at node '{step.node_id}' ({i}/{len(self.steps)} steps)")
                 try:
-                    if allocating and step.out in self.output_slot_set and isinstance(step.kernel, np.ufunc) \
-                            and step.kernel.nout == 1:
+                    if allocating and step.into is not None and step.out in self.output_slot_set:
                         args = [env[a] for a in step.args]
-                        out = result_array(np.broadcast_shapes(*(np.shape(x) for x in args)), step.dtype)
+                        out = result_array(_result_shape(args, step), step.dtype)
                         env[step.out] = step.kernel(*args, out=out)
                         del args
                     elif step.reuse:
@@ -161,9 +179,30 @@ class Plan:
 REUSE_MIN_ELEMENTS = 1 << 15  # below this, allocating is cheaper than checking
 
 
+def _writes_into(kernel: Callable, in_types: Sequence[Type], out_type: Type) -> bool:
+    """Whether `kernel` follows NumPy's out= convention: asked of the kernel itself, once, on
+    one-element operands of the step's ranks and dtypes. It must accept out= and return that
+    very array (a kernel that ignores out= or cannot take it says no)."""
+    try:
+        operands = [np.ones((1,) * t.rank, dtype=t.dtype) for t in in_types]
+        out = np.empty((1,) * out_type.rank, dtype=out_type.dtype)
+        with np.errstate(all="ignore"):
+            return kernel(*operands, out=out) is out
+    except Exception:  # TypeError (no out=), a casting error...: the step allocates its result
+        return False
+
+
+def _result_shape(args: Sequence, step: Step) -> tuple[int, ...]:
+    """The shape of an `into` step's result for these operands: the broadcast of their batch
+    (leading) axes, then the result's item shape."""
+    ranks, item_shape = step.into
+    leads = [np.shape(x)[: np.ndim(x) - rank] for x, rank in zip(args, ranks)]
+    return tuple(np.broadcast_shapes(*leads)) + item_shape
+
+
 def _reusable_operands(step: Step, freed: Sequence[int]) -> tuple[int, ...]:
-    """Operands of a plain NumPy ufunc step that die at this step (candidates for out=)."""
-    if not isinstance(step.kernel, np.ufunc) or step.kernel.nout != 1:
+    """Operands of an `into` step (elementwise) that die at this step (candidates for out=)."""
+    if step.into is None:
         return ()
     return tuple(k for k, slot in enumerate(step.args) if slot in freed and step.args.count(slot) == 1)
 
@@ -172,55 +211,14 @@ def _dead_buffer(args: list, step: Step) -> dict:
     """{"out": an operand's buffer} when nothing else can see that buffer any more: it owns its
     memory, has the result's shape and dtype, and its only references are the plan's slot, the
     `args` list, this frame and getrefcount's argument (a view of it, or a caller holding it,
-    would add one). Else {}: the ufunc allocates."""
+    would add one). Else {}: the kernel allocates."""
     for k in step.reuse:
         a = args[k]
         if (type(a) is np.ndarray and a.size >= REUSE_MIN_ELEMENTS and a.flags.owndata and a.flags.writeable
                 and a.flags.c_contiguous and a.dtype == step.dtype and sys.getrefcount(a) <= 4
-                and a.shape == np.broadcast_shapes(*(np.shape(x) for x in args))):
+                and a.shape == _result_shape(args, step)):
             return {"out": a}
     return {}
-
-
-CSE_KINDS = frozenset({"elementwise", "comparison", "structural", "reduction", "linalg", "source"})
-
-
-def _common_subexpressions(order: Sequence[Node], attrs: Mapping[str, dict], registry: Registry):
-    """Nodes computing what an earlier node computes (same op, attributes and operands) are
-    dropped; returns the remaining order (operands renamed to the ids kept) and {dropped id:
-    the id whose value it reuses}. Values are bit-identical; hooks never merge (they have effects)."""
-    seen: dict[tuple, str] = {}
-    same_as: dict[str, str] = {}
-    kept = []
-    for node in order:
-        inputs = tuple(same_as.get(r, r) for r in node.inputs)
-        op = registry.get(node)
-        key = None
-        if op.kind in CSE_KINDS:
-            try:
-                key = (node.op, inputs, _hashable(attrs[node.id]))
-                hash(key)
-            except TypeError:
-                key = None
-        if key is not None and key in seen:
-            same_as[node.id] = seen[key]
-            continue
-        if key is not None:
-            seen[key] = node.id
-        kept.append(node if inputs == node.inputs else dataclasses.replace(node, inputs=inputs))
-    return kept, same_as
-
-
-def _hashable(value):
-    if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, float) and value != value:
-        return ("nan",)  # NaN != NaN would defeat the lookup, not the equality of results
-    return value
 
 
 def _per_component(kernel: Callable) -> Callable:
