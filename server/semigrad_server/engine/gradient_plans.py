@@ -13,7 +13,9 @@ from ..errors import FailedPrecondition, InvalidArgument
 from ..hooks.loader import HookRegistry
 from ..hooks.run import HookRun
 from ..ops.hook_ops import HookSlot, hook_registry
+from ..ir import Graph
 from ..runtime.compiled import compile_executable
+from ..runtime.cse import common_subexpressions
 from ..runtime.outputs import OutputKey
 from .graphs import CompiledGraph
 from .specs import HookRequest
@@ -48,7 +50,10 @@ def compile_gradient(cg: CompiledGraph, s, key: GradientPlanKey, backend: str,
         registry = hook_registry(registry, list(slots), s)
         for index, slot in enumerate(slots):
             attached.setdefault(slot.node, []).append((slot.kind, index))
-    bg = reverse(cg.graph, cg.order, cg.types, outputs=key.outputs, wrt=key.wrt, seeded=key.seeded, context=context,
+    graph, order = cg.graph, cg.order
+    if not key.keep_all:  # best paths name the user's own nodes: they see the graph as written
+        graph, order = computed_graph(cg, pinned=frozenset(key.retain) | {slot.node for slot in slots})
+    bg = reverse(graph, order, cg.types, outputs=key.outputs, wrt=key.wrt, seeded=key.seeded, context=context,
                  registry=registry, hooks=attached)
     outputs = [(OutputKey.gradient(x), ref) for x, ref in bg.gradients.items() if ref is not None]
     outputs += [(OutputKey.adjoint(ref), bg.adjoints[ref]) for ref in key.retain if ref in bg.adjoints]
@@ -64,6 +69,17 @@ def compile_gradient(cg: CompiledGraph, s, key: GradientPlanKey, backend: str,
         map_components=bg.context.structural_on_values() if s.components > 1 else frozenset(),
         semiring=None if s.name == "real" else s, backend="tensor" if key.keep_all else backend)
     return CompiledGradient(plan, bg)
+
+
+def computed_graph(cg: CompiledGraph, pinned: frozenset[str]) -> tuple[Graph, list]:
+    """The graph of what `cg` computes, each value once (runtime.cse): reverse mode then builds
+    the same backward pass however the user wrote the forward one (a recursive determinant
+    and a memoised one alike). Nodes the request names (`pinned`) keep their own adjoints."""
+    order, same_as = common_subexpressions(cg.order, cg.attrs, cg.registry, pinned)
+    if not same_as:
+        return cg.graph, cg.order
+    outputs = tuple((name, same_as.get(ref, ref)) for name, ref in cg.graph.outputs)
+    return Graph(cg.graph.inputs, tuple(order), outputs, cg.graph.op_defs), order
 
 
 def hook_slots(cg: CompiledGraph, hooks: Sequence[HookRequest], s, run: HookRun | None,
