@@ -9,7 +9,7 @@ import importlib.util
 import numpy as np
 import pytest
 import semigrad as sg
-from reference import det_gradient, det_graph
+from reference import det_by_minors, det_gradient, det_graph
 
 ULPS = dict(rtol=4e-15, atol=4e-15)
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
@@ -254,3 +254,53 @@ def test_remembered_requests_do_not_outlive_their_evicted_plans(rng):
         np.testing.assert_allclose(got, want, rtol=1e-14)
         assert len(cg.plans) == 1
         assert all(c.compiled in cg.plans.values() for c in cg.remembered.values())
+
+
+def segmented_graph():
+    """Comparisons early, their bools read after a det-by-minors' worth of instructions: with small
+    segments, floats and bools both cross function boundaries (through scratch)."""
+    g = sg.Graph()
+    a, x = g.input("A", (4, 4)), g.input("x", (3,))
+    early = x > 0.25
+    d = det_by_minors(None, a, 4)
+    g.output("y", sg.sum(sg.where(early, x * d, sg.square(x - d))) + d * sg.sum(sg.where(early, 1.0, 0.0)))
+    return g
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
+@pytest.mark.parametrize("segment", [40, 100_000], ids=["segmented", "whole"])
+@pytest.mark.parametrize("batch", [(), (300,)], ids=["single", "batched"])
+def test_jit_programs_cut_into_segments_give_the_same_bits(rng, monkeypatch, segment, batch):
+    """Both sides of SEGMENT_INSTRUCTIONS: a program larger than a segment compiles as several
+    functions, and computes exactly what the whole function and the tensor engine compute."""
+    from semigrad_server.engine import Engine
+    from semigrad_server.runtime import jit
+    from semigrad_server.service.convert import graph_from_proto
+
+    monkeypatch.setattr(jit, "SEGMENT_INSTRUCTIONS", segment)
+    engine = Engine()
+    cg, _ = engine.register(graph_from_proto(segmented_graph().to_proto()))
+    inputs = {"A": rng.normal(size=batch + (4, 4)), "x": rng.normal(size=batch + (3,))}
+    got = engine.gradient(cg.id, inputs, backend="jit").gradients
+    want = engine.gradient(cg.id, inputs, backend="tensor").gradients
+    assert_same(got, want, rtol=1e-13, atol=1e-13)
+    (compiled,) = [c for _, c in cg.plans.items() if getattr(c.plan, "jit", None) is not None]
+    (kernel,) = compiled.plan.jit.kernels()
+    assert len(compiled.plan.program.instrs) > 40  # the segmented case really is cut
+    assert (kernel.layout == "segments") == (segment == 40)
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
+def test_a_program_over_the_jit_cap_is_refused_by_name_and_auto_falls_back(rng, monkeypatch):
+    from semigrad_server.engine import Engine
+    from semigrad_server.errors import FailedPrecondition
+    from semigrad_server.runtime import jit
+    from semigrad_server.service.convert import graph_from_proto
+
+    monkeypatch.setattr(jit, "MAX_INSTRUCTIONS", 40)
+    engine = Engine()
+    cg, _ = engine.register(graph_from_proto(segmented_graph().to_proto()))
+    inputs = {"A": rng.normal(size=(300, 4, 4)), "x": rng.normal(size=(300, 3))}
+    with pytest.raises(FailedPrecondition, match=r"jit backend.*instructions; the JIT's limit is 40"):
+        engine.gradient(cg.id, inputs, backend="jit")
+    assert_same(engine.gradient(cg.id, inputs).gradients, engine.gradient(cg.id, inputs, backend="tensor").gradients)

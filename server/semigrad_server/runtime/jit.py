@@ -27,7 +27,7 @@ import numpy as np
 
 from .allocation import result_array, results_in
 from .codegen import expression
-from .scalarize import ScalarProgram
+from .scalarize import MAX_SCALARS, ScalarProgram
 
 try:
     import numba
@@ -35,13 +35,20 @@ except ImportError:  # pragma: no cover - depends on the environment
     numba = None
 
 AVAILABLE = numba is not None
-MAX_INSTRUCTIONS = 4_000  # past this, compile times grow to minutes (det n=7, 2,456: 3.4 s)
+# One generated function of more than a few thousand instructions takes LLVM minutes (det n=7,
+# 2,456 instructions: 3.4 s; superlinear). Larger programs are cut into functions of
+# SEGMENT_INSTRUCTIONS each ("segments" layout), so compile time grows linearly with size.
+SEGMENT_INSTRUCTIONS = 4_000
+MAX_INSTRUCTIONS = MAX_SCALARS  # every scalar program fits
 LAYOUTS = ("tiles", "rows", "columns")  # on a tie, the first
 TILE = 64
 # With more element streams than this per item, the rows and columns layouts walk too many
 # arrays at once (det n=6, n=7: tiles 3x faster than either): tiles only, one compile.
 MAX_COLUMN_STREAMS = 64
 TUNING_ITEMS = 2048
+# Background compiles run one at a time: a large program costs minutes of a core (det n=8, 5,578
+# instructions: ~40 s), and many hot graphs must not take every core from the requests.
+BACKGROUND_COMPILES = threading.Semaphore(1)
 
 
 def readonly(a: np.ndarray) -> np.ndarray:
@@ -70,13 +77,16 @@ def refusal(ops) -> str | None:
     return None
 
 
-def compile_function(lines: list[str], label: str, entry: str, ops=(), **options):
+def compile_function(lines: list[str], label: str, entry: str, ops=(), entries=(), **options):
     """numba-compile the generated function `entry` defined by `lines` (IEEE error model), which
-    calls `ops` as `F_<name>`. Only our own op names, numbers and variable names reach the
-    source, never text from a request."""
+    calls `ops` as `F_<name>` and the generated functions `entries` (compiled first, each its
+    own LLVM function). Only our own op names, numbers and variable names reach the source,
+    never text from a request."""
     functions = {f"F_{op.name}": _jitted(op.float_fn) for op in ops if op.infix is None}
     namespace = {"numba": numba, "math": math, "np": np, **functions}
     exec(compile("\n".join(lines) + "\n", f"<semigrad {label}>", "exec"), namespace)  # our own generated code
+    for name in entries:
+        namespace[name] = numba.njit(error_model="numpy", **options)(namespace[name])
     return numba.njit(error_model="numpy", **options)(namespace[entry])
 
 
@@ -91,7 +101,7 @@ class Kernel:
     def run(self, arrays: list[np.ndarray], n: int) -> list[np.ndarray]:
         """arrays[k]: (n, size) when batched, else (1, size); returns (n, size) per output."""
         p = self.p
-        if self.layout in ("rows", "tiles"):  # row-major results: possibly straight into the response's region
+        if self.layout in ("rows", "tiles", "segments"):  # row-major results: possibly straight into the response's region
             outs = [result_array((n, ids.size), dtype) for (_, _, ids), dtype in zip(p.outputs, p.output_dtypes)]
             self.function(*arrays, *outs)
             return outs
@@ -140,15 +150,22 @@ class JitProgram:
             return None
         return kernel
 
+    def kernels(self) -> list[Kernel]:
+        """The kernels compiled so far."""
+        return [k for k in self._kernels.values() if isinstance(k, Kernel)]
+
     def _background(self, batched):
-        self._kernels[batched] = self._fastest(batched)
+        with BACKGROUND_COMPILES:
+            self._kernels[batched] = self._fastest(batched)
 
     def _fastest(self, batched: tuple[bool, ...]) -> Kernel:
         """Every applicable layout compiled (numba compiles on the first call: made here, so no
         request waits for LLVM) and timed on the same synthetic batch; the fastest wins."""
         p = self.p
         streams = sum(ids.size for (_, _, ids), b in zip(p.inputs, batched) if b) + sum(ids.size for _, _, ids in p.outputs)
-        if not any(batched):
+        if len(p.instrs) > SEGMENT_INSTRUCTIONS:
+            layouts = ("segments",)
+        elif not any(batched):
             layouts = ("rows",)  # one item: nothing to tile
         else:
             layouts = LAYOUTS if streams <= MAX_COLUMN_STREAMS else ("tiles",)
@@ -186,6 +203,8 @@ def _synthetic_inputs(p: ScalarProgram, batched: tuple[bool, ...], n: int) -> li
 def _compile(p: ScalarProgram, batched: tuple[bool, ...], layout: str):
     """Generated source of the loop, compiled by numba. Only our own op names and numbers reach
     the source, never text from a request."""
+    if layout == "segments":
+        return _compile_segments(p, batched)
     ins = [f"X{k}" for k in range(len(p.inputs))]
     outs = [f"Y{k}" for k in range(len(p.outputs))]
     lines = [f"def kernel({', '.join(ins + outs)}):"]
@@ -248,3 +267,97 @@ def _body(p: ScalarProgram, read, write, indent: str) -> list[str]:
         for j, var in enumerate(ids.reshape(-1)):
             lines.append(f"{indent}{write(k, j)} = {name_of(int(var))}")
     return lines
+
+
+def _compile_segments(p: ScalarProgram, batched: tuple[bool, ...]):
+    """The tiles layout with the program cut into functions of SEGMENT_INSTRUCTIONS instructions
+    (and the output copies into functions of as many lines): a value one function computes and a
+    later one reads travels through scratch arrays SF (floats) and SB (bools), a row per item of
+    the tile. Each function loads what it reads from outside once into a local (numba lowers an
+    array access at a time: loads at every use made compiles 20x slower)."""
+    chunks = [p.instrs[i:i + SEGMENT_INSTRUCTIONS] for i in range(0, len(p.instrs), SEGMENT_INSTRUCTIONS)]
+    segment_of = {var: s for s, chunk in enumerate(chunks) for var, _, _ in chunk}
+    last_use: dict[int, int] = {}
+    for s, chunk in enumerate(chunks):
+        for _, _, args in chunk:
+            for a in args:
+                last_use[a] = s
+    outputs = [(k, j, int(var)) for k, (_, _, ids) in enumerate(p.outputs) for j, var in enumerate(ids.reshape(-1))]
+    read_by_outputs = {var for _, _, var in outputs}
+    bools = _bool_vars(p)
+    scratch: dict[int, str] = {}
+    counts = {"sf": 0, "sb": 0}
+    for var, s in segment_of.items():
+        if last_use.get(var, -1) > s or var in read_by_outputs:
+            row = "sb" if var in bools else "sf"
+            scratch[var] = f"{row}[{counts[row]}]"
+            counts[row] += 1
+    inputs = {int(var): (k, j) for k, (_, _, ids) in enumerate(p.inputs) for j, var in enumerate(ids.reshape(-1))}
+    ins = [f"X{k}" for k in range(len(p.inputs))]
+    tiles = [f"A{k}" for k in range(len(p.inputs))]
+    outs = [f"Y{k}" for k in range(len(p.outputs))]
+
+    def external(var: int) -> str:
+        """Where a value not computed in this function is read: a constant, an input, scratch."""
+        if var in p.consts:
+            value = p.consts[var]
+            if isinstance(value, bool) or math.isfinite(value):
+                return repr(value)
+            return "math.nan" if value != value else ("math.inf" if value > 0 else "-math.inf")
+        if var in inputs:
+            k, j = inputs[var]
+            return f"a{k}[{j}]" if batched[k] else f"x{k}[{j}]"
+        return scratch[var]
+
+    head = [f"    x{k} = X{k}[0]" for k in range(len(p.inputs)) if not batched[k]]
+    item = ["        sf = SF[t]", "        sb = SB[t]"] + [f"        a{k} = A{k}[t]" for k in range(len(p.inputs))
+                                                          if batched[k]]
+    lines = []
+    parameters = ", ".join(ins + tiles + ["SF", "SB", "m"])
+    for s, chunk in enumerate(chunks):
+        lines += [f"def segment{s}({parameters}):", *head, "    for t in range(m):", *item]
+        local: set[int] = set()
+        for var, op, args in chunk:
+            for a in args:
+                if a not in local and a not in p.consts:
+                    lines.append(f"        v{a} = {external(a)}")
+                    local.add(a)
+            operands = [f"v{a}" if a in local else external(a) for a in args]
+            lines.append(f"        v{var} = {expression(p.ops[op], operands, 'compiled')}")
+            local.add(var)
+            if var in scratch:
+                lines.append(f"        {scratch[var]} = v{var}")
+    copies = [outputs[i:i + SEGMENT_INSTRUCTIONS] for i in range(0, len(outputs), SEGMENT_INSTRUCTIONS)]
+    copy_parameters = ", ".join(ins + tiles + outs + ["SF", "SB", "c", "m"])
+    for s, chunk in enumerate(copies):
+        lines += [f"def copy{s}({copy_parameters}):", *head, "    for t in range(m):", *item]
+        lines += [f"        Y{k}[c + t, {j}] = {external(var)}" for k, j, var in chunk]
+    lines.append(f"def kernel({', '.join(ins + outs)}):")
+    lines.append(f"    n = {outs[0]}.shape[0]" if outs else "    return")
+    for k, (_, _, ids) in enumerate(p.inputs):
+        lines.append(f"    A{k} = np.empty(({TILE}, {ids.size if batched[k] else 0}), dtype=X{k}.dtype)")
+    lines.append(f"    SF = np.empty(({TILE}, {counts['sf']}), dtype=np.float64)")
+    lines.append(f"    SB = np.empty(({TILE}, {counts['sb']}), dtype=np.bool_)")
+    lines += [f"    for c in range(0, n, {TILE}):", f"        m = min({TILE}, n - c)"]
+    for k, (_, _, ids) in enumerate(p.inputs):
+        if batched[k]:
+            lines += ["        for t in range(m):", f"            for j in range({ids.size}):",
+                      f"                A{k}[t, j] = X{k}[c + t, j]"]
+    lines += [f"        segment{s}({parameters})" for s in range(len(chunks))]
+    lines += [f"        copy{s}({copy_parameters})" for s in range(len(copies))]
+    entries = [f"segment{s}" for s in range(len(chunks))] + [f"copy{s}" for s in range(len(copies))]
+    return compile_function(lines, "segmented jit program", "kernel", ops=p.ops.values(), entries=entries,
+                            fastmath=False, cache=False)
+
+
+def _bool_vars(p: ScalarProgram) -> set[int]:
+    """The program's variables that hold bools (comparisons, bool inputs, where of bools...)."""
+    bools = {int(v) for (_, _, ids), dtype in zip(p.inputs, p.input_dtypes) if dtype == "bool" for v in ids.reshape(-1)}
+    bools |= {v for v, c in p.consts.items() if isinstance(c, bool)}
+    for var, op, args in p.instrs:
+        opdef = p.ops[op]
+        probes = [np.zeros((), dtype=bool if a in bools else np.float64) for a in args]
+        with np.errstate(all="ignore"):
+            if np.asarray(opdef.elementwise_fn(*probes)).dtype == np.bool_:
+                bools.add(var)
+    return bools

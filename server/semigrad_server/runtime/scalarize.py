@@ -22,7 +22,7 @@ from ..ir import Graph, Node, Type
 from ..ops import OpDef, Registry
 
 # Past this many scalar variables the tensor plan is used instead.
-MAX_SCALARS = 40_000
+MAX_SCALARS = 60_000
 # `auto` scalarises only graphs whose compute nodes are small on average (det-by-minors:
 # ~1 element); wide graphs (64-wide matmuls) run faster as tensor plans on BLAS.
 MAX_AUTO_ELEMENTS_PER_NODE = 16
