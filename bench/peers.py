@@ -309,7 +309,10 @@ def setup_torch_func(w: Workload, single: dict, batch: dict) -> Prepared:
 
 
 # ------------------------------------------------------------------------------------ JAX
-def setup_jax(w: Workload, single: dict, batch: dict) -> Prepared:
+def jax_function(w: Workload):
+    """(jax, f, names, argnums, notes): the workload as a JAX function of its inputs in graph input
+    order (x64 enabled), the positions of the differentiated ones, and notes on how it is written.
+    Also used by first_call.py, so that its first call compiles the function this row times."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -333,7 +336,18 @@ def setup_jax(w: Workload, single: dict, batch: dict) -> Prepared:
 
         notes.append(f"the {steps} steps as lax.fori_loop (unrolled, XLA:CPU's run time grows exponentially "
                      "with the step count: 4 steps 10 ms, 6 steps > 60 s per call)")
+    return jax, f, names, argnums, notes
 
+
+def jax_batched_gradient(w: Workload):
+    """(jax, jit(vmap(grad(f))), input names): per-item gradients of a batch (shared inputs unbatched)."""
+    jax, f, names, argnums, _ = jax_function(w)
+    in_axes = tuple(None if k in w.batched.shared else 0 for k in names)
+    return jax, jax.jit(jax.vmap(jax.grad(f, argnums=argnums), in_axes=in_axes)), names
+
+
+def setup_jax(w: Workload, single: dict, batch: dict) -> Prepared:
+    jax, f, names, argnums, notes = jax_function(w)
     prob = w.batched
     in_axes = tuple(None if k in prob.shared else 0 for k in names)
     g1 = jax.jit(jax.grad(f, argnums=argnums))
