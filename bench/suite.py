@@ -563,7 +563,7 @@ def workload_table(w: Workload, rows: list[Row], echo: dict) -> str:
                     _num(r.cost_ratio), _mib(r.memory), _mib(r.traced), "—" if r.setup_s is None else f"{r.setup_s:.2f}",
                     "—" if r.first_batch_s is None else f"{r.first_batch_s:.3f}", f"{r.worst_err:.0e}",
                     "; ".join(r.notes).replace("|", "/")])
-    if echo:
+    if "request" in echo:
         out.append([f"bare grpcio round trip ({echo['request']:,} B → {echo['response']:,} B)",
                     _us(echo["latency"]), "", "", "", "", "", "", "", "", "generic handler, bytes in/out, same sizes "
                     "as semigrad's single-point Gradient request/response; timed alternately with semigrad's "
@@ -653,7 +653,7 @@ def report(results, impls: list[Impl], args, argv, started: float, load_before: 
         rerun_command("bench/suite.py", argv),
         "```",
         "",
-        "## Summary: ratios against issue 6's targets (✓ met, ✗ not met, in this run)",
+        "## Summary: ratios against issue 6's targets and issue 12's first call (✓ met, ✗ not met, in this run)",
         "",
         summary(results),
         "",
@@ -664,10 +664,32 @@ def report(results, impls: list[Impl], args, argv, started: float, load_before: 
         "reference. *gRPC unary ÷ in-proc* takes the faster of the two unary rows (tensors inline as protobuf "
         "bytes, or through shared memory) and says which; both rows are in the tables below; *gRPC single ÷ "
         "bare echo* uses the inline row's call, timed alternately with the echo (one semigrad call, one echo, "
-        "repeated; the ratio of the two medians), so that both see the same load.",
+        "repeated; the ratio of the two medians), so that both see the same load. *in-proc ÷ best peer* times "
+        "semigrad in-process and the fastest peer again after their rows, alternately (one batched call of "
+        "each, repeated; the ratio of the medians): the rows themselves are measured one after the other. "
+        "*1st call ÷ JAX's* (issue 12: ≤ 1 on det): see the first-call section below.",
         "",
     ]
-    for w, rows, echo in results:
+    firsts = {w.name: first for w, _, _, first in results if first.get("runs")}
+    if firsts:
+        lines += [
+            "## First call: semigrad vs JAX jit(vmap(grad)), fresh processes, alternated",
+            "",
+            f"From the clock's start to the first {args.batch:,} gradients, in a fresh process (imports before the "
+            "clock, for both): semigrad builds the graph with the client API, registers it in an in-process Engine "
+            "and runs the first batched gradient (its plan compiles; the batch runs on NumPy while numba compiles "
+            "the JIT kernel in the background); JAX's is jit(vmap(grad(f)))'s first call (trace, XLA compile, "
+            f"run). {args.first_call_pairs} fresh process(es) each, alternated (semigrad, JAX, JAX, semigrad, ...), "
+            "every batch of fresh items; medians. Then: semigrad's second batch (right after the first), its wait "
+            "for the background compile, and steady batches of both (median of three, after the compile). "
+            "`bench/first_call.py` runs this alone.",
+            "",
+            first_call.table(firsts, args.batch),
+            "",
+        ]
+    for w, rows, echo, first in results:
+        if first.get("error"):
+            lines += [f"First call of {w.name}: **ERROR** {first['error']}", ""]
         lines += [f"## {w.title}", "", w.note, "", workload_table(w, rows, echo), ""]
     lines += [
         "## How to read this",
@@ -712,6 +734,9 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=1,
                    help="threads per implementation: OMP/BLAS/numba/XLA/PyTorch (default 1; 0 = library defaults)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--first-call-pairs", type=int, default=None,
+                   help="fresh processes per implementation for the first-call comparison of semigrad and JAX "
+                        "(bench/first_call.py; default 3, --quick: 1; 0 skips it)")
     p.add_argument("--out", default=None,
                    help="report file (default: bench/RESULTS.md for a full run, bench/out/RESULTS.md otherwise)")
     args, unknown = p.parse_known_args(argv)
@@ -721,11 +746,13 @@ def parse_args(argv):
     args.impl = [x for item in args.impl for x in item.split(",") if x]
     args.batch = args.batch or (1000 if args.quick else 10_000)
     args.runs = args.runs or (1 if args.quick else 3)
+    if args.first_call_pairs is None:
+        args.first_call_pairs = 1 if args.quick else 3
     args.budget = 0.05 if args.quick else 0.3
     args.batch_budget = 0.0 if args.quick else 0.5
     args.min_reps = 5 if args.quick else 15
     partial = (args.quick or args.only or args.impl or args.batch != 10_000 or args.runs != 3 or args.backend != "auto"
-               or args.threads != 1)
+               or args.threads != 1 or args.first_call_pairs != 3)
     args.out = Path(args.out) if args.out else REPO / ("bench/out/RESULTS.md" if partial else "bench/RESULTS.md")
     return args
 
@@ -735,6 +762,8 @@ def resolved_argv(args) -> list[str]:
     argv += [x for o in args.only for x in ("--only", o)] + [x for i in args.impl for x in ("--impl", i)]
     argv += (["--quick"] if args.quick else []) + (["--threads", str(args.threads)] if args.threads != 1 else [])
     argv += (["--backend", args.backend] if args.backend != "auto" else [])
+    argv += (["--first-call-pairs", str(args.first_call_pairs)] if args.first_call_pairs != (1 if args.quick else 3)
+             else [])
     return argv + (["--no-memory"] if args.no_memory else [])
 
 
@@ -790,6 +819,8 @@ def main(argv=None) -> int:
             print(f"... {i.label}: {i.unavailable}", file=sys.stderr)
 
     results, failed = [], []
+    keys = {i.key for i in impls if not i.unavailable}
+    first_call_impls = {"semigrad", "jax"} <= keys
     try:
         for index, w in enumerate(workloads):
             rng = np.random.default_rng([args.seed, index])
@@ -820,7 +851,20 @@ def main(argv=None) -> int:
                 lat, _ = median_latency(lambda: echo.call(payload), budget=args.budget, min_reps=args.min_reps)
                 echo_row = {"request": req, "response": resp, "latency": lat,
                             **paired_with_echo(client, w, single, lambda: echo.call(payload), args)}
-            results.append((w, rows, echo_row))
+            print(f"... {w.name}: in-process and the fastest peer, alternated", file=sys.stderr, flush=True)
+            echo_row.update(paired_with_best_peer(rows, args))
+            first = {}
+            if args.first_call_pairs > 0 and first_call_impls:
+                print(f"... {w.name}: first calls, fresh processes", file=sys.stderr, flush=True)
+                try:
+                    first = first_call.first_calls(w.name, pairs=args.first_call_pairs, batch=args.batch,
+                                                   seed=args.seed, threads=args.threads,
+                                                   log=lambda m: print(m, file=sys.stderr, flush=True))
+                except Exception as e:  # noqa: BLE001 — that column's error, loudly
+                    first = {"error": f"{type(e).__name__}: {e}".replace("\n", " ")[:400]}
+                    failed.append(f"{w.name}/first_call")
+                    print(f"\n*** ERROR in the first-call measurement of {w.name}: {first['error']}", file=sys.stderr)
+            results.append((w, rows, echo_row, first))
         if not args.no_memory:
             memory_pass(results)
     finally:
