@@ -67,6 +67,8 @@ CASES = [
     ("tan", sg.tan, np.tan, [(4,)], [small]),
     ("tanh", sg.tanh, np.tanh, [(4,)], [normal]),
     ("asinh", lambda x: sg.elementwise("asinh", x), np.arcsinh, [(4,)], [normal]),
+    ("atan", lambda x: sg.elementwise("atan", x), np.arctan, [(4,)], [normal]),
+    ("softsign", lambda x: sg.elementwise("softsign", x), lambda x: x / (1 + np.abs(x)), [(4,)], [away_from_zero]),
     ("sigmoid", sg.sigmoid, lambda x: 1 / (1 + np.exp(-x)), [(4,)], [normal]),
     ("softplus", sg.softplus, lambda x: np.log1p(np.exp(x)), [(4,)], [normal]),
     ("abs", sg.abs, np.abs, [(4,)], [away_from_zero]),

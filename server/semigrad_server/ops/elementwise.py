@@ -49,6 +49,10 @@ def heaviside(x):
     return numpy.heaviside(x, 0.5)
 
 
+def softsign(x):
+    return x / (1.0 + numpy.abs(x))
+
+
 try:  # scipy is optional; its erf is a vectorised C ufunc.
     from scipy.special import erf as _erf_kernel
 except ImportError:  # pragma: no cover - depends on the environment
@@ -72,6 +76,10 @@ def _f_softplus(x):
 
 def _f_relu(x):
     return x if not x <= 0 else 0.0
+
+
+def _f_softsign(x):
+    return x / (1.0 + abs(x))
 
 
 def _f_sign(x):
@@ -133,6 +141,8 @@ ELEMENTWISE: list[Row] = [
     Row("tan", sp.tan(X), np.tan, "tangent", float_fn=math.tan, analytic=True),
     Row("tanh", sp.tanh(X), np.tanh, "hyperbolic tangent", float_fn=math.tanh, analytic=True),
     Row("asinh", sp.asinh(X), np.arcsinh, "inverse hyperbolic sine", float_fn=math.asinh, analytic=True),
+    Row("atan", sp.atan(X), np.arctan, "inverse tangent", float_fn=math.atan, analytic=True),
+    Row("softsign", X / (1 + sp.Abs(X)), softsign, "x / (1 + |x|)", float_fn=_f_softsign),
     Row("sigmoid", sym.sigmoid(X), sigmoid, "1 / (1 + exp(-x)), computed stably", float_fn=_f_sigmoid),
     Row("softplus", sym.softplus(X), softplus, "log(1 + exp(x)), computed stably", float_fn=_f_softplus),
     Row("abs", sp.Abs(X), np.abs, "absolute value; derivative sign(x)", float_fn=abs, fusible=True),
