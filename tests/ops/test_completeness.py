@@ -10,6 +10,7 @@ jit (numba), symbolic (SymPy), complex step, reverse over reverse (second order)
 from __future__ import annotations
 
 import importlib.util
+import itertools
 
 import grpc
 import numpy as np
@@ -84,6 +85,24 @@ def test_elementwise_facts_agree_with_the_kernel(op, rng):
     want = op.elementwise_fn(*args)
     got = [op.float_fn(*(a[k].item() for a in args)) for k in range(20)]
     np.testing.assert_allclose(np.asarray(got, dtype=want.dtype), want, rtol=1e-15, atol=0, equal_nan=True)  # libm and NumPy: an ulp apart
+    # IEEE edge values: where the float form answers at all (Python's math raises instead of
+    # returning inf or NaN, and the scalar backend then reruns the point with NumPy), it must
+    # answer what the kernel does.
+    edges = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e308, -1e-310]
+    for point in itertools.product(edges, repeat=len(op.operands)):
+        if op.name == "where":
+            point = (bool(point[0]),) + point[1:]
+        with np.errstate(all="ignore"):
+            expected = op.elementwise_fn(*(np.asarray(v) for v in point))
+        try:
+            value = op.float_fn(*point)
+        except (ArithmeticError, ValueError):
+            continue
+        value = np.asarray(value, dtype=expected.dtype)
+        if expected.dtype.kind == "f" and np.isfinite(expected):  # libm and NumPy: an ulp apart
+            np.testing.assert_allclose(value, expected, rtol=1e-15, atol=0, err_msg=f"{op.name}{point}")
+        else:  # nan, ±inf and bools exactly
+            assert np.array_equal(value, expected, equal_nan=True), (op.name, point, value, expected)
 
 
 @pytest.mark.parametrize("op", [op for op in REGISTRY if op.analytic and op.elementwise_fn is not None],
@@ -144,8 +163,10 @@ def test_jit_backend(client, rng, case):
     """Built-in elementwise ops all have a float form or an infix: a missing one fails here."""
     assert _first_missing(ops_of(case), has_float_form) is None
     f = client.register(build(case))
-    inputs = inputs_for(case, rng, (7,))
-    assert_same(f.gradient(inputs, backend="jit"), f.gradient(inputs, backend="tensor"), **CLOSE)
+    for batch in ((), (7,)):
+        inputs = inputs_for(case, rng, batch)
+        assert_same(f.evaluate(inputs, backend="jit"), f.evaluate(inputs, backend="tensor"), **CLOSE)
+        assert_same(f.gradient(inputs, backend="jit"), f.gradient(inputs, backend="tensor"), **CLOSE)
 
 
 @pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")

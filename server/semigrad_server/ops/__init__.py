@@ -11,6 +11,7 @@ from .base import AttrSpec, OpDef, Registry
 REGISTRY = Registry()
 elementwise.register(REGISTRY)
 structural.register(REGISTRY)
+REGISTRY.check()
 
 
 def node_type(node: Node, in_types: Sequence[Type], registry: Registry = REGISTRY) -> tuple[OpDef, dict, Type]:

@@ -233,6 +233,10 @@ class Registry:
         self._by_sympy_function = None
         return op
 
+    def check(self) -> None:
+        """Facts that must hold across ops (raises ValueError): each SymPy function is one op's."""
+        self.by_sympy_function()
+
     def get(self, node: Node) -> OpDef:
         try:
             return self.ops[node.op]
@@ -247,6 +251,12 @@ class Registry:
         import sympy as sp
 
         if self._by_sympy_function is None:
-            self._by_sympy_function = {op.expression.func: op for op in self.ops.values()
-                                       if op.kind == "elementwise" and isinstance(op.expression, sp.Function)}
+            table: dict[type, OpDef] = {}
+            for op in self.ops.values():
+                if op.kind == "elementwise" and isinstance(op.expression, sp.Function):
+                    other = table.setdefault(op.expression.func, op)
+                    if other is not op:  # formulas would turn one op into the other
+                        raise ValueError(f"ops '{other.name}' and '{op.name}' are both the SymPy function "
+                                         f"{op.expression.func.__name__}: give '{op.name}' a function of its own")
+            self._by_sympy_function = table
         return self._by_sympy_function
