@@ -304,3 +304,46 @@ def test_a_program_over_the_jit_cap_is_refused_by_name_and_auto_falls_back(rng, 
     with pytest.raises(FailedPrecondition, match=r"jit backend.*instructions; the JIT's limit is 40"):
         engine.gradient(cg.id, inputs, backend="jit")
     assert_same(engine.gradient(cg.id, inputs).gradients, engine.gradient(cg.id, inputs, backend="tensor").gradients)
+
+
+def _python_helper(x):
+    return x / (1.0 + abs(x))
+
+
+def _not_numba_code(x):  # calls a plain Python function: numba cannot type it
+    return x * _python_helper(x)
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
+def test_an_op_whose_float_form_numba_cannot_compile_is_refused_not_internal(rng, monkeypatch):
+    """A row's float form that is not numba code: backend="jit" is FAILED_PRECONDITION, auto keeps
+    answering on NumPy (the failed compile is remembered, not retried)."""
+    import dataclasses
+
+    from semigrad_server.engine import Engine
+    from semigrad_server.errors import FailedPrecondition
+    from semigrad_server.ops import REGISTRY
+    from semigrad_server.runtime import jit
+    from semigrad_server.service.convert import graph_from_proto
+
+    from semigrad_server.ops.elementwise import kernel_of
+
+    def odd_square(x):
+        return x * (x / (1.0 + np.abs(x)))
+
+    odd = dataclasses.replace(REGISTRY.ops["square"], name="odd_square", infix=None, float_fn=_not_numba_code,
+                              elementwise_fn=odd_square, kernel=kernel_of(odd_square), expand=None, fusible=False)
+    monkeypatch.setitem(REGISTRY.ops, "odd_square", odd)
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    g.output("y", sg.sum(sg.elementwise("odd_square", x)))
+    engine = Engine()
+    cg, _ = engine.register(graph_from_proto(g.to_proto()))
+    inputs = {"x": rng.normal(size=(300, 3))}
+    with pytest.raises(FailedPrecondition, match="jit backend cannot compile"):
+        engine.evaluate(cg.id, inputs, backend="jit")
+    want = engine.evaluate(cg.id, inputs, backend="tensor")
+    for _ in range(3):
+        np.testing.assert_array_equal(engine.evaluate(cg.id, inputs)[0]["y"], want[0]["y"])
+    with jit.BACKGROUND_COMPILES:  # any background compile has finished
+        pass

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import functools
 import math
+import logging
 import threading
 import time
 
 import numpy as np
 
+from ..errors import FailedPrecondition
 from .allocation import result_array, results_in
 from .codegen import expression
 from .scalarize import MAX_SCALARS, ScalarProgram
@@ -34,6 +36,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     numba = None
 
+log = logging.getLogger("semigrad.runtime")
 AVAILABLE = numba is not None
 # One generated function of more than a few thousand instructions takes LLVM minutes (det n=7,
 # 2,456 instructions: 3.4 s; superlinear). Larger programs are cut into functions of
@@ -111,6 +114,10 @@ class Kernel:
         return [out.T for out in outs]
 
 
+class CompileFailure(str):
+    """Why a program did not compile (kept, so it is not compiled again)."""
+
+
 class JitProgram:
     """Compiles lazily, once per pattern of batched/unbatched inputs."""
 
@@ -127,18 +134,25 @@ class JitProgram:
         return refusal(p.ops.values())
 
     def kernel(self, batched: tuple[bool, ...]) -> Kernel:
-        """The compiled kernel for this input pattern, compiling it now if needed."""
+        """The compiled kernel for this input pattern, compiling it now if needed; an op numba
+        cannot compile (a float form that is not numba code) is FAILED_PRECONDITION."""
         pending = self._kernels.get(batched)
         if isinstance(pending, threading.Thread):
             pending.join()
         with self._lock:
             if batched not in self._kernels:
-                self._kernels[batched] = self._fastest(batched)
-            return self._kernels[batched]
+                self._kernels[batched] = self._compiled_or_failure(batched)
+            kernel = self._kernels[batched]
+        if isinstance(kernel, CompileFailure):
+            raise FailedPrecondition(f"the jit backend cannot compile this program: {kernel}")
+        return kernel
 
     def ready_kernel(self, batched: tuple[bool, ...]) -> Kernel | None:
-        """The kernel if compiled; otherwise start compiling it in the background and return None."""
+        """The kernel if compiled; otherwise start compiling it in the background and return None
+        (for good, when it could not compile: the NumPy form serves)."""
         kernel = self._kernels.get(batched)
+        if isinstance(kernel, CompileFailure):
+            return None
         if kernel is None or isinstance(kernel, threading.Thread):
             if kernel is None:
                 with self._lock:
@@ -156,7 +170,15 @@ class JitProgram:
 
     def _background(self, batched):
         with BACKGROUND_COMPILES:
-            self._kernels[batched] = self._fastest(batched)
+            self._kernels[batched] = self._compiled_or_failure(batched)
+
+    def _compiled_or_failure(self, batched: tuple[bool, ...]):
+        try:
+            return self._fastest(batched)
+        except Exception as e:  # numba's typing and lowering errors: an op's float form is not numba code
+            failure = CompileFailure(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}")
+            log.warning("a scalar program did not compile with numba (%s); it runs on NumPy", failure)
+            return failure
 
     def _fastest(self, batched: tuple[bool, ...]) -> Kernel:
         """Every applicable layout compiled (numba compiles on the first call: made here, so no
