@@ -37,3 +37,13 @@ class GraphError(InvalidArgument):
     def __init__(self, node_id: str, message: str):
         super().__init__(f"node '{node_id}': {message}")
         self.node_id = node_id
+
+
+def quoted(name: object, limit: int = 100) -> str:
+    """A name as messages quote it: 'name'. Names a request chose may be of any length; past
+    `limit` characters the quote is cut and says how long the name was, so the rest of the
+    message (what is wrong with it) survives the status layer's bound on message length."""
+    text = str(name)
+    if len(text) <= limit:
+        return f"'{text}'"
+    return f"'{text[:limit]}...' ({len(text)} characters)"

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from .errors import NotFound
+from .errors import NotFound, quoted
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ class MemoryStore(Generic[T]):
                 self._items.move_to_end(key)
                 return self._items[key]
             except KeyError:
-                raise NotFound(f"unknown graph id '{key}' (register the graph first)") from None
+                raise NotFound(f"unknown graph id {quoted(key)} (register the graph first)") from None
 
     def __contains__(self, key: str) -> bool:
         return key in self._items

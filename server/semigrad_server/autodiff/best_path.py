@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ir
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, quoted
 from ..runtime.outputs import OutputKey
 from .local_jacobian import local_jacobian
 from .reverse import BackwardGraph
@@ -51,7 +51,7 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -
     paths = []
     for name, index in requests:
         if name not in backward.gradients:
-            raise InvalidArgument(f"best path requested from '{name}', which is not a differentiated input "
+            raise InvalidArgument(f"best path requested from {quoted(name)}, which is not a differentiated input "
                                   f"(wrt: {', '.join(backward.gradients)})")
         full_shape = batch.shape + cg.types[name].shape
         if len(index) != len(full_shape) or not all(-d <= i < d for i, d in zip(index, full_shape)):

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, quoted
 from ..hooks import run as hooks_run
 from ..hooks.loader import HookRegistry
 from ..hooks.loader import default_registry as default_hooks
@@ -100,7 +100,7 @@ class Engine:
         names = cg.output_names(spec.outputs)
         for ref in spec.nodes:
             if ref not in cg.types:
-                raise InvalidArgument(f"unknown node '{ref}' requested")
+                raise InvalidArgument(f"unknown node {quoted(ref)} requested")
         batch = cg.batch(spec.inputs)
         key = EvaluatePlanKey(tuple(names), tuple(spec.nodes), compile_kind(backend))
         plan = cg.plans.get(key, lambda: compile_executable(
@@ -131,7 +131,7 @@ class Engine:
         cg = self.get(spec.graph_id)
         for ref in spec.retain:
             if ref not in cg.types:
-                raise InvalidArgument(f"retain names unknown node '{ref}'")
+                raise InvalidArgument(f"retain names unknown node {quoted(ref)}")
         slots = hook_slots(cg, spec.hooks, s, hook_run, self.hooks)
         seeds = dict(spec.seeds or {})
         names = cg.output_names(spec.outputs)
@@ -142,7 +142,7 @@ class Engine:
         wrt = cg.wrt_inputs(spec.wrt)
         for name in seeds:
             if name not in names:
-                raise InvalidArgument(f"seed given for '{name}', which is not a differentiated output "
+                raise InvalidArgument(f"seed given for {quoted(name)}, which is not a differentiated output "
                                       f"(differentiated: {', '.join(names)})")
         if spec.best_paths and not s.selective:
             raise FailedPrecondition(f"best paths need a selective semiring (max/min-like); '{s.name}' is not")

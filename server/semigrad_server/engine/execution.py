@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..errors import InvalidArgument, ResourceExhausted
+from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..limits import Limits
 from ..runtime.compiled import BACKENDS
 from .graphs import Batch
@@ -15,7 +15,7 @@ from .graphs import Batch
 def checked_backend(backend: str) -> str:
     backend = backend or "auto"
     if backend not in BACKENDS:
-        raise InvalidArgument(f"unknown backend '{backend}' (backends: {', '.join(BACKENDS)})")
+        raise InvalidArgument(f"unknown backend {quoted(backend)} (backends: {', '.join(BACKENDS)})")
     return backend
 
 

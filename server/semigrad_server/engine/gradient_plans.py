@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ..autodiff.reverse import BackwardGraph, reverse, semiring_setup
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, quoted
 from ..hooks.loader import HookRegistry
 from ..hooks.run import HookRun
 from ..ops.hook_ops import HookSlot, hook_registry
@@ -89,9 +89,9 @@ def hook_slots(cg: CompiledGraph, hooks: Sequence[HookRequest], s, run: HookRun 
     for h in hooks:
         kind = h.kind or "post"
         if h.node not in cg.types:
-            raise InvalidArgument(f"hook attached to unknown node '{h.node}'")
+            raise InvalidArgument(f"hook attached to unknown node {quoted(h.node)}")
         if kind not in ("post", "pre"):
-            raise InvalidArgument(f"hook on node '{h.node}': kind must be 'post' or 'pre', got '{kind}'")
+            raise InvalidArgument(f"hook on node '{h.node}': kind must be 'post' or 'pre', got {quoted(kind)}")
         if kind == "pre":
             if h.node in pre_nodes:
                 raise InvalidArgument(f"node '{h.node}' has more than one pre-accumulate hook")

@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir
-from ..errors import InvalidArgument, ResourceExhausted
+from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..ir import Graph, Node, Type
 from ..limits import Limits
 from ..ops import Registry, node_type
@@ -49,7 +49,7 @@ class CompiledGraph:
         available = self.graph.output_map
         for name in requested:
             if name not in available:
-                raise InvalidArgument(f"unknown output '{name}' (outputs: {', '.join(available)})")
+                raise InvalidArgument(f"unknown output {quoted(name)} (outputs: {', '.join(available)})")
         return list(requested) if requested else list(available)
 
     def wrt_inputs(self, requested: Sequence[str]) -> list[str]:
@@ -58,7 +58,7 @@ class CompiledGraph:
         specs = self.inputs
         for name in requested:
             if name not in specs:
-                raise InvalidArgument(f"wrt names unknown input '{name}' (inputs: {', '.join(specs)})")
+                raise InvalidArgument(f"wrt names unknown input {quoted(name)} (inputs: {', '.join(specs)})")
             if not specs[name].type.is_float:
                 raise InvalidArgument(f"wrt input '{name}' has dtype {specs[name].dtype}; only float inputs have gradients")
         if requested:
@@ -74,7 +74,7 @@ class CompiledGraph:
         specs = self.inputs
         for name in inputs:
             if name not in specs:
-                raise InvalidArgument(f"unknown input '{name}' (graph inputs: {', '.join(specs) or 'none'})")
+                raise InvalidArgument(f"unknown input {quoted(name)} (graph inputs: {', '.join(specs) or 'none'})")
         arrays, leads = {}, []
         for name, spec in specs.items():
             if name not in inputs:

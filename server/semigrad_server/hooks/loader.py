@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Iterable
 
-from ..errors import FailedPrecondition
+from ..errors import FailedPrecondition, quoted
 from ..plugin_loader import PluginKind, PluginRecord, load_plugins
 from .base import Hook
 
@@ -27,7 +27,7 @@ class HookRegistry:
 
     def get(self, name: str) -> Hook:
         if name not in self.available:
-            raise FailedPrecondition(f"unknown hook '{name}'; available: {', '.join(sorted(self.available))}")
+            raise FailedPrecondition(f"unknown hook {quoted(name)}; available: {', '.join(sorted(self.available))}")
         return self.available[name]
 
 

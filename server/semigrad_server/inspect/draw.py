@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, quoted
 from .describe import requiring_grad
 from .dot import PathSteps, graph_dot
 
@@ -25,7 +25,7 @@ def draw(engine, graph_id: str, inputs: Mapping[str, np.ndarray] | None = None, 
     for what, given in (("values", values or {}), ("gradients", gradients or {}), ("highlight", dict(highlight))):
         for ref in given:
             if ref not in cg.types:
-                raise InvalidArgument(f"{what} name unknown node or input '{ref}'")
+                raise InvalidArgument(f"{what} name unknown node or input {quoted(ref)}")
     shown_values, shown_gradients = {}, {}
     if inputs:
         shown_values = {**inputs, **engine.evaluate(graph_id, inputs, nodes=[n.id for n in cg.order],

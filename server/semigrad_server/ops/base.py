@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ..errors import GraphError
+from ..errors import GraphError, quoted
 from ..ir import DTYPES, Node, Type
 
 ATTR_KINDS = ("int", "ints", "float", "string", "bool", "tensor", "index")
@@ -93,7 +93,7 @@ class OpDef:
         for key in node.attrs:
             if key not in specs:
                 known = ", ".join(specs) or "none"
-                raise GraphError(node.id, f"op '{self.name}' has no attribute '{key}' (attributes: {known})")
+                raise GraphError(node.id, f"op '{self.name}' has no attribute {quoted(key)} (attributes: {known})")
         attrs = {}
         for spec in self.attrs:
             if spec.name in node.attrs:
@@ -241,7 +241,7 @@ class Registry:
         try:
             return self.ops[node.op]
         except KeyError:
-            raise GraphError(node.id, f"unknown op '{node.op}'") from None
+            raise GraphError(node.id, f"unknown op {quoted(node.op)}") from None
 
     def __iter__(self):
         return iter(self.ops.values())

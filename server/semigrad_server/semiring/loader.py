@@ -11,7 +11,7 @@ import threading
 from importlib import metadata
 from typing import Iterable, Mapping
 
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, quoted
 from ..plugin_loader import PluginKind, PluginRecord, load_plugins
 from .base import API_VERSION, Semiring
 from .checker import check_axioms
@@ -58,7 +58,7 @@ class SemiringRegistry:
         if name not in self.available:
             failed = [r.name for r in self.records if r.status != "ok" and r.name == name]
             why = " (its plugin failed to load: see ListSemirings)" if failed else ""
-            raise FailedPrecondition(f"unknown semiring '{name}'{why}; available: {', '.join(sorted(self.available))}")
+            raise FailedPrecondition(f"unknown semiring {quoted(name)}{why}; available: {', '.join(sorted(self.available))}")
         params = dict(params or {})
         key = (name, tuple(sorted((k, repr(v)) for k, v in params.items())))
         with self._lock:
@@ -66,7 +66,7 @@ class SemiringRegistry:
                 try:
                     self._configured[key] = self.available[name].configure(params)
                 except (ValueError, TypeError) as e:
-                    raise InvalidArgument(f"semiring '{name}': {e}") from None
+                    raise InvalidArgument(f"semiring {quoted(name)}: {e}") from None
             return self._configured[key]
 
 

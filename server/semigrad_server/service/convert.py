@@ -9,7 +9,7 @@ from semigrad import codec
 from semigrad.v1 import semigrad_pb2 as pb
 
 from ..engine.specs import EvaluateSpec, GradientSpec, HookRequest
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, quoted
 from ..ir import Graph, InputSpec, Node, OpDefinition, Type
 from ..ops.base import OpDef
 from .shared_memory import Session, Writer
@@ -37,7 +37,7 @@ def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None)
 
 def tensors_to_arrays(tensors: Mapping[str, pb.Tensor], what: str,
                       shared: Session | None = None) -> dict[str, np.ndarray]:
-    return {name: tensor_to_array(t, f"{what} '{name}'", shared) for name, t in tensors.items()}
+    return {name: tensor_to_array(t, f"{what} {quoted(name)}", shared) for name, t in tensors.items()}
 
 
 def arrays_to_tensors(arrays: Mapping[str, np.ndarray], writer: Writer | None = None) -> dict[str, pb.Tensor]:
@@ -48,14 +48,15 @@ def arrays_to_tensors(arrays: Mapping[str, np.ndarray], writer: Writer | None = 
     return {name: writer.place(a) or codec.to_tensor(a) for name, a in arrays.items()}
 
 
-def _attr(node_id: str, key: str, value: pb.AttrValue) -> object:
+def _attr(what: str, key: str, value: pb.AttrValue) -> object:
+    """An attribute or parameter value; `what` names it in messages ("node 'n': attribute")."""
     kind = value.WhichOneof("value")
     if kind is None:
-        raise InvalidArgument(f"node '{node_id}': attribute '{key}' has no value")
+        raise InvalidArgument(f"{what} {quoted(key)} has no value")
     if kind == "ints":
         return tuple(value.ints.values)
     if kind == "tensor":
-        return np.array(tensor_to_array(value.tensor, f"node '{node_id}': attribute '{key}'"))
+        return np.array(tensor_to_array(value.tensor, f"{what} {quoted(key)}"))
     if kind == "index":
         items = []
         for item in value.index.items:
@@ -67,7 +68,7 @@ def _attr(node_id: str, key: str, value: pb.AttrValue) -> object:
                 items.append(slice(s.start if s.HasField("start") else None, s.stop if s.HasField("stop") else None,
                                    s.step if s.HasField("step") else None))
             else:
-                raise InvalidArgument(f"node '{node_id}': attribute '{key}' has an empty index item")
+                raise InvalidArgument(f"{what} {quoted(key)} has an empty index item")
         return tuple(items)
     return getattr(value, kind)
 
@@ -80,7 +81,7 @@ def graph_from_proto(message: pb.Graph) -> Graph:
         except ValueError:
             raise InvalidArgument(f"input '{i.name}': unsupported dtype {i.dtype}") from None
         inputs.append(InputSpec(i.name, tuple(i.shape), dtype))
-    nodes = tuple(Node(n.id, n.op, tuple(n.inputs), {k: _attr(n.id, k, v) for k, v in n.attrs.items()})
+    nodes = tuple(Node(n.id, n.op, tuple(n.inputs), {k: _attr(f"node {quoted(n.id)}: attribute", k, v) for k, v in n.attrs.items()})
                   for n in message.nodes)
     op_defs = tuple(OpDefinition(d.name, tuple(d.operands), d.expression, tuple(sorted(d.derivatives.items())), d.doc)
                     for d in message.op_defs)
@@ -118,13 +119,17 @@ def op_info(op: OpDef) -> pb.OpInfo:
     )
 
 
-def params_from_proto(params: Mapping[str, pb.AttrValue]) -> dict[str, object]:
-    return {key: _attr("semiring_params", key, value) for key, value in params.items()}
+def params_from_proto(params: Mapping[str, pb.AttrValue], what: str = "semiring parameter") -> dict[str, object]:
+    """`what` names a parameter in messages ("hook 'scale' on node 'n': parameter")."""
+    return {key: _attr(what, key, value) for key, value in params.items()}
 
 
 def hooks_from_proto(attachments) -> tuple[HookRequest, ...]:
-    return tuple(HookRequest(h.node, h.hook, h.kind or "post", tuple(sorted(params_from_proto(h.params).items())),
-                             h.client) for h in attachments)
+    def params(h):
+        hook = "client hook" if h.client else f"hook {quoted(h.hook)}"
+        return tuple(sorted(params_from_proto(h.params, f"{hook} on node {quoted(h.node)}: parameter").items()))
+
+    return tuple(HookRequest(h.node, h.hook, h.kind or "post", params(h), h.client) for h in attachments)
 
 
 def evaluate_spec(request: pb.EvaluateRequest, shared: Session | None = None) -> EvaluateSpec:

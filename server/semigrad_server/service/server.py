@@ -13,18 +13,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from semigrad.v1 import semigrad_pb2 as pb
-from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 
 from ..engine import Engine
 from ..limits import Limits
 from ..store import SqliteStore
+from . import status
 from .servicer import GraphServicer
 from .shared_memory import SharedMemory
 
 log = logging.getLogger("semigrad.server")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s %(message)s"
 SIGNAL_POLL_SECONDS = 0.2
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GraphService"].full_name
+SERVICE = pb.DESCRIPTOR.services_by_name["GraphService"]
+SERVICE_NAME = SERVICE.full_name
 
 
 def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, threads: int = 8,
@@ -48,7 +49,9 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
                ("grpc.so_reuseport", int(reuse_port))]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="semigrad"),
                          options=options)
-    pb_grpc.add_GraphServiceServicer_to_server(GraphServicer(engine, SharedMemory(enabled=shared_memory)), server)
+    # The generated add_GraphServiceServicer_to_server, with request decoding that never raises (status.py).
+    status.add_service(GraphServicer(engine, SharedMemory(enabled=shared_memory)), server,
+                       SERVICE, pb)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):

@@ -20,7 +20,7 @@ from ..runtime.allocation import results_in
 from ..symbolic.crosscheck import crosscheck
 from ..symbolic.custom import custom_ops
 from ..symbolic.formulas import symbolic_gradient
-from . import convert
+from . import convert, status
 from .client_hooks import run_with_client_hooks
 from .shared_memory import SharedMemory
 
@@ -28,26 +28,28 @@ log = logging.getLogger("semigrad.rpc")
 
 
 def rpc(method):
-    """Map semigrad errors to gRPC statuses, unexpected ones to INTERNAL; one log line per call."""
+    """Decode-check the request, call the method; any exception becomes a status (status.py);
+    one log line per call."""
 
     @functools.wraps(method)
     def handler(self, request, context: grpc.ServicerContext):
         start = time.perf_counter()
         code, detail = grpc.StatusCode.OK, ""
         try:
-            return method(self, request, context)
-        except errors.SemigradError as e:
-            code, detail = getattr(grpc.StatusCode, e.status), str(e)
-        except Exception as e:  # a bug: report it, keep serving
-            log.exception("internal error in %s", method.__name__)
-            code, detail = grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"
+            return method(self, status.decoded(request), context)
+        except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
+            code, detail = status.status_of(e, method.__name__)
         finally:
-            graph_id = getattr(request, "graph_id", "")
-            log.info("rpc=%s graph=%s status=%s ms=%.2f%s", method.__name__, graph_id or "-", code.name,
+            log.info("rpc=%s graph=%s status=%s ms=%.2f%s", method.__name__, _graph_of(request), code.name,
                      (time.perf_counter() - start) * 1e3, f" detail={detail!r}" if detail else "")
         context.abort(code, detail)
 
     return handler
+
+
+def _graph_of(request) -> str:
+    graph_id = getattr(request, "graph_id", "")
+    return status.bounded(graph_id, 80) if graph_id else "-"
 
 
 def deadline_of(context: grpc.ServicerContext) -> float | None:
@@ -104,13 +106,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         detail = ""
         try:
             yield from run_with_client_hooks(
-                request_iterator, context,
+                status.decoded_stream(request_iterator), context,
                 lambda request, channel: self._gradient(request, deadline_of(context), HookRun(client=channel)))
-        except errors.SemigradError as e:
-            code, detail = getattr(grpc.StatusCode, e.status), str(e)
-        except Exception as e:
-            log.exception("internal error in GradientWithHooks")
-            code, detail = grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
+            code, detail = status.status_of(e, "GradientWithHooks")
         finally:
             log.info("rpc=GradientWithHooks status=%s ms=%.2f%s", code.name, (time.perf_counter() - start) * 1e3,
                      f" detail={detail!r}" if detail else "")
@@ -122,29 +121,32 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         return pb.ListHooksResponse(hooks=[convert.hook_info(r) for r in self.engine.hooks.records])
 
     def GradientStream(self, request_iterator, context):
-        """Each chunk is answered in order; a failing chunk carries its status and the stream goes on."""
+        """Each chunk is answered in order; a failing chunk carries its status and the stream goes
+        on. A message that does not decode ends the stream with INVALID_ARGUMENT."""
         start, done, failed = time.perf_counter(), 0, 0
+        code, detail = grpc.StatusCode.OK, ""
         try:
-            for message in request_iterator:
+            for message in status.decoded_stream(request_iterator):
                 if not context.is_active():
                     break
                 try:
                     response = pb.GradientStreamResponse(chunk=message.chunk,
                                                          response=self._gradient(message.request, deadline_of(context)))
-                except errors.SemigradError as e:
+                except Exception as e:  # noqa: BLE001 - reported in the chunk; the stream and the server go on
                     failed += 1
-                    response = pb.GradientStreamResponse(chunk=message.chunk,
-                                                         code=getattr(grpc.StatusCode, e.status).value[0], message=str(e))
-                except Exception as e:  # a bug: report it in the chunk, keep the stream and the server going
-                    log.exception("internal error in GradientStream chunk %d", message.chunk)
-                    failed += 1
-                    response = pb.GradientStreamResponse(chunk=message.chunk, code=grpc.StatusCode.INTERNAL.value[0],
-                                                         message=f"internal error: {type(e).__name__}: {e}")
+                    chunk_code, chunk_detail = status.status_of(e, f"GradientStream chunk {message.chunk}")
+                    response = pb.GradientStreamResponse(chunk=message.chunk, code=chunk_code.value[0],
+                                                         message=chunk_detail)
                 done += 1
                 yield response
+        except Exception as e:  # noqa: BLE001 - the stream itself failed (a message that does not decode)
+            code, detail = status.status_of(e, "GradientStream")
         finally:
-            log.info("rpc=GradientStream chunks=%d failed=%d status=%s ms=%.2f", done, failed,
-                     "OK" if context.is_active() else "CANCELLED", (time.perf_counter() - start) * 1e3)
+            log.info("rpc=GradientStream chunks=%d failed=%d status=%s ms=%.2f%s", done, failed,
+                     code.name if code != grpc.StatusCode.OK or context.is_active() else "CANCELLED",
+                     (time.perf_counter() - start) * 1e3, f" detail={detail!r}" if detail else "")
+        if code != grpc.StatusCode.OK:
+            context.abort(code, detail)
 
     @rpc
     def ListSemirings(self, request, context):

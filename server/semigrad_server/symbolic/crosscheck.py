@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, quoted
 from ..runtime import Plan
 from .compare import ATOL, RTOL, within, worst
 from .finite_diff import DEFAULT_STEP, central_jacobian, complex_step_jacobian
@@ -189,7 +189,7 @@ def _methods(methods: Sequence[str], real: bool) -> list[str]:
         if m not in allowed:
             other = SEMIRING_METHODS if real else REAL_METHODS
             hint = " (that method is for the other kind of semiring)" if m in other else ""
-            raise InvalidArgument(f"unknown cross-check method '{m}'{hint}; with this semiring: {', '.join(allowed)}")
+            raise InvalidArgument(f"unknown cross-check method {quoted(m)}{hint}; with this semiring: {', '.join(allowed)}")
     if methods and len(set(methods)) < 2:
         raise InvalidArgument(f"a cross-check compares at least two methods; got only {', '.join(set(methods))}")
     return sorted(set(methods), key=ORDER.__getitem__) if methods else list(allowed)
