@@ -16,7 +16,7 @@ XLA's compiles), and the two alternate (semigrad, JAX, JAX, semigrad, ...) so th
 same machine load. Every batch has fresh items (a new random batch per call). After the first
 call each process also times the second batch (semigrad: right away, still on NumPy unless the
 kernel is ready), the wait for semigrad's background JIT compile, and steady batches (median of
-three, after the compile). Gradients are checked against the workload's reference after timing.
+five, after the compile). Gradients are checked against the workload's reference after timing.
 
     .venv/bin/python bench/first_call.py --only det5 --only det6 --only det7   # 3 pairs each
     .venv/bin/python bench/first_call.py --pairs 5 --batch 10000
@@ -58,7 +58,12 @@ import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 IMPLS = ("semigrad", "jax")
-CHILD_TIMEOUT = 900  # s: one fresh process (imports, first call, checks, three more batches)
+CHILD_TIMEOUT = 900  # s: one fresh process (imports, first call, checks, six more batches)
+# JAX unrolls a recursive det: n=7's jit(vmap(grad)) first call had not finished after 14 min on a
+# loaded 2-core machine (n=6: ~2 min). A JAX process still running after this many seconds is
+# stopped and reported as "> LIMIT" (semigrad's ratio is then an upper bound), once per workload.
+JAX_LIMIT = 180.0
+STEADY_BATCHES = 5  # after the first two (and semigrad's compile): their median is the steady figure
 
 
 # ------------------------------------------------------------------------------------ one process
@@ -73,7 +78,7 @@ def child(impl: str, workload: str, batch: int, seed: int) -> dict:
     from workloads import all_workloads
 
     w = next(x for x in all_workloads() if x.name == workload)
-    batches = _batches(w, batch, seed, 4)
+    batches = _batches(w, batch, seed, 2 + STEADY_BATCHES)
     wrt = list(w.wrt)
     out: dict = {"impl": impl, "workload": workload, "batch": batch}
     if impl == "semigrad":
@@ -125,10 +130,17 @@ def child(impl: str, workload: str, batch: int, seed: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------ alternation
-def run_child(impl: str, workload: str, batch: int, seed: int, threads: int) -> dict:
+def run_child(impl: str, workload: str, batch: int, seed: int, threads: int, limit: float | None = None) -> dict:
+    """One fresh process; with `limit`, a process still running after `limit` s is stopped and
+    reported as {"first_call": None, "over": limit}."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", impl, "--only", workload,
            "--batch", str(batch), "--seed", str(seed), "--threads", str(threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, cwd=HERE.parent)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit or CHILD_TIMEOUT, cwd=HERE.parent)
+    except subprocess.TimeoutExpired:
+        if limit is None:
+            raise
+        return {"impl": impl, "workload": workload, "batch": batch, "first_call": None, "over": limit}
     if proc.returncode != 0:
         raise RuntimeError(f"{impl} first call on {workload} failed (exit {proc.returncode}): "
                            f"{proc.stderr.strip()[-600:]}")
@@ -136,18 +148,28 @@ def run_child(impl: str, workload: str, batch: int, seed: int, threads: int) -> 
 
 
 def first_calls(workload: str, *, pairs: int = 3, batch: int = 10_000, seed: int = 0, threads: int = 1,
-                impls: tuple[str, ...] = IMPLS, log=None) -> dict:
+                impls: tuple[str, ...] = IMPLS, jax_limit: float = JAX_LIMIT, log=None) -> dict:
     """`pairs` fresh processes per implementation, alternated (ABBA...): {"runs": {impl: [dict]},
-    "ratio": median over pairs of semigrad's first call ÷ JAX's, "ratios": [...]}."""
+    "ratio": median over pairs of semigrad's first call ÷ JAX's, "ratios": [...], "bound": True
+    when JAX ran past `jax_limit` (then once only, and the ratios are upper bounds)}."""
     runs: dict[str, list[dict]] = {impl: [] for impl in impls}
     for p in range(pairs):
         for impl in (impls if p % 2 == 0 else impls[::-1]):
-            runs[impl].append(run_child(impl, workload, batch, seed + p, threads))
+            if impl == "jax" and runs["jax"] and runs["jax"][-1].get("over"):
+                continue  # past the limit once: not again
+            run = run_child(impl, workload, batch, seed + p, threads, jax_limit if impl == "jax" else None)
+            runs[impl].append(run)
             if log:
-                log(f"    first call, {workload}, {impl}: {runs[impl][-1]['first_call']:.2f} s")
+                took = f"> {run['over']:g}" if run.get("over") else f"{run['first_call']:.2f}"
+                log(f"    first call, {workload}, {impl}: {took} s")
     out: dict = {"runs": runs}
     if set(IMPLS) <= set(impls):
-        out["ratios"] = [s["first_call"] / j["first_call"] for s, j in zip(runs["semigrad"], runs["jax"])]
+        over = [j["over"] for j in runs["jax"] if j.get("over")]
+        if over:
+            out["bound"] = True
+            out["ratios"] = [s["first_call"] / over[0] for s in runs["semigrad"]]
+        else:
+            out["ratios"] = [s["first_call"] / j["first_call"] for s, j in zip(runs["semigrad"], runs["jax"])]
         out["ratio"] = statistics.median(out["ratios"])
     return out
 
@@ -174,9 +196,11 @@ def table(results: dict[str, dict], batch: int) -> str:
             v = median_of(runs, key)
             return "—" if v is None else fmt(v * scale)
 
-        ratio = (f"{res['ratio']:.2f} ({min(res['ratios']):.2f}–{max(res['ratios']):.2f})"
-                 if "ratio" in res else "—")
-        rows.append([name, sec(s, "first_call"), phases, sec(j, "first_call"), ratio, sec(s, "second_batch"),
+        ratio = (f"{'< ' if res.get('bound') else ''}{res['ratio']:.3g} "
+                 f"({min(res['ratios']):.3g}–{max(res['ratios']):.3g})" if "ratio" in res else "—")
+        over = [r["over"] for r in j if r.get("over")]
+        jax_first = f"> {over[0]:g} (stopped)" if over else sec(j, "first_call")
+        rows.append([name, sec(s, "first_call"), phases, jax_first, ratio, sec(s, "second_batch"),
                      sec(s, "jit_wait"), sec(s, "steady_batch", 1e3), sec(j, "steady_batch", 1e3),
                      f"{len(s)} + {len(j)}"])
     return markdown_table(headers, rows)
@@ -191,6 +215,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="threads per implementation (default 1; 0 = defaults)")
+    p.add_argument("--jax-limit", type=float, default=JAX_LIMIT,
+                   help=f"seconds after which a JAX process is stopped and reported as over (default {JAX_LIMIT:g})")
     p.add_argument("--child", choices=IMPLS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     only = [x for item in args.only for x in item.split(",") if x] or ["det5", "det6", "det7"]
@@ -204,7 +230,7 @@ def main(argv=None) -> int:
     for name in only:
         print(f"... {name}", file=sys.stderr, flush=True)
         results[name] = first_calls(name, pairs=args.pairs, batch=args.batch, seed=args.seed, threads=args.threads,
-                                    log=lambda m: print(m, file=sys.stderr, flush=True))
+                                    jax_limit=args.jax_limit, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(table(results, args.batch))
     print()
     print("```sh\n" + rerun_command("bench/first_call.py", argv) + "\n```")

@@ -55,6 +55,11 @@ from workloads import Problem, Workload
 SYMPY_MAX_TREE_WORK = 3e6  # expression-tree nodes × scalar derivatives (det n=7: 1.3e6, ~15 s)
 SYMENGINE_MAX_DAG_WORK = 1e8  # scalar operations × scalar derivatives (MLP per-sample: 9e6, ~3 s)
 CASADI_C_MAX_INSTRUCTIONS = 150_000  # gcc -O2 on the 570k-instruction MLP function: ~3 min
+# JAX unrolls Python recursion: det by minors n=7 written recursively traces to 41,096 primitive
+# operations (103,398 in its gradient: 95 s to trace the gradient alone on a loaded 2-core machine,
+# and jit(vmap(grad))'s first call had not finished after 14 min); n=6, 5,867: first call 24-120 s
+# (this row compiles three functions), then 1.2 s per 10,000 items.
+JAX_MAX_EQUATIONS = 10_000  # primitive operations in the traced forward function (jaxpr equations)
 SETUP_TIMEOUT = 180.0  # seconds: a symbolic setup still running then is abandoned (Skip)
 
 
@@ -348,6 +353,12 @@ def jax_batched_gradient(w: Workload):
 
 def setup_jax(w: Workload, single: dict, batch: dict) -> Prepared:
     jax, f, names, argnums, notes = jax_function(w)
+    if w.loop is None:
+        eqns = len(jax.make_jaxpr(f)(*[single[k] for k in names]).jaxpr.eqns)
+        if eqns > JAX_MAX_EQUATIONS:
+            raise Skip(f"f traces to {eqns:,} primitive operations (limit {JAX_MAX_EQUATIONS:,}): XLA's compiles "
+                       "of its unrolled gradient take many minutes (see the first-call section)")
+        notes.append(f"f traces to {eqns:,} primitive operations")
     prob = w.batched
     in_axes = tuple(None if k in prob.shared else 0 for k in names)
     g1 = jax.jit(jax.grad(f, argnums=argnums))

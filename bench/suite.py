@@ -615,7 +615,8 @@ def summary(results: list[tuple[Workload, list[Row], dict, dict]]) -> str:
             _check(echo["paired"], TARGETS["grpc_vs_echo"], False)
             if echo and "paired" in echo else "—",
             _check(local.cost_ratio if local else None, TARGETS["grad_vs_fwd"], False),
-            _check(first.get("ratio"), TARGETS["first_vs_jax"], False) if det else _num(first.get("ratio")),
+            ("< " if first.get("bound") else "") +
+            (_check(first.get("ratio"), TARGETS["first_vs_jax"], False) if det else _num(first.get("ratio"))),
         ])
     return markdown_table(headers, out)
 
@@ -681,7 +682,7 @@ def report(results, impls: list[Impl], args, argv, started: float, load_before: 
             "the JIT kernel in the background); JAX's is jit(vmap(grad(f)))'s first call (trace, XLA compile, "
             f"run). {args.first_call_pairs} fresh process(es) each, alternated (semigrad, JAX, JAX, semigrad, ...), "
             "every batch of fresh items; medians. Then: semigrad's second batch (right after the first), its wait "
-            "for the background compile, and steady batches of both (median of three, after the compile). "
+            "for the background compile, and steady batches of both (median of five, after the compile). "
             "`bench/first_call.py` runs this alone.",
             "",
             first_call.table(firsts, args.batch),
