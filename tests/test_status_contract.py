@@ -10,6 +10,7 @@ server on loopback; each case also checks that the server goes on serving.
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 import grpc
@@ -167,3 +168,150 @@ def test_hook_parameter_errors_name_the_hook_and_node(stub, sine):
     assert error.code() == INVALID
     assert "hook 'scale' on node 'wave'" in error.details() and "'factor'" in error.details()
     assert "semiring_params" not in error.details()
+
+
+# ------------------------------------------------------------------ client faults that were INTERNAL
+
+R32 = [1] * 32
+
+
+def register_refusal(stub, g: pb.Graph) -> grpc.RpcError:
+    return refused(stub.RegisterGraph, pb.RegisterGraphRequest(graph=g))
+
+
+RANK_GRAPHS = {  # graph, the name the message must give
+    "input-rank-33": (graph([inp("deep", [1] * 33)], [node("n", "neg", "deep")], [("y", "n")]), "'deep'"),
+    "input-rank-64": (graph([inp("deep", [1] * 64)], [node("n", "neg", "deep")], [("y", "n")]), "'deep'"),
+    "reshape-to-40": (graph([inp("x", [1])], [node("culprit", "reshape", "x", shape=[1] * 40)], [("y", "culprit")]),
+                      "'culprit'"),
+    "broadcast-to-33": (graph([inp("x", R32)], [node("culprit", "broadcast_to", "x", shape=[1] * 33)],
+                              [("y", "culprit")]), "'culprit'"),
+    "stack-past-32": (graph([inp("x", R32)], [node("culprit", "stack", "x", "x")], [("y", "culprit")]), "'culprit'"),
+    "const-rank-40": (graph([inp("x", [1])], [node("culprit", "const", value=codec.to_tensor(np.zeros([1] * 40)))],
+                            [("y", "culprit")]), "'culprit'"),
+}
+
+
+@pytest.mark.parametrize("case", RANK_GRAPHS, ids=str)
+def test_a_graph_of_rank_past_32_is_invalid_argument(stub, sine, case):
+    g, name = RANK_GRAPHS[case]
+    error = register_refusal(stub, g)
+    assert error.code() == INVALID, error.details()
+    assert name in error.details() and "32" in error.details()
+    assert_serves(stub, sine)
+
+
+def test_request_tensors_and_batches_past_rank_32_are_invalid_argument(stub, sine):
+    wide = stub.RegisterGraph(pb.RegisterGraphRequest(graph=graph(
+        [inp("x", [1])], [node("deep", "reshape", "x", shape=[1] * 31), node("s", "sum", "deep"),
+                          node("flat", "neg", "x")], [("y", "s"), ("v", "flat")])), timeout=TIMEOUT).graph_id
+    requests = [  # (request, the name the message must give)
+        (pb.EvaluateRequest(graph_id=sine, inputs={"x": codec.to_tensor(np.ones([1] * 32 + [3]))}), "'x'"),
+        (pb.GradientRequest(graph_id=sine, inputs={"x": codec.to_tensor(np.ones([1] * 40 + [3]))}), "'x'"),
+        (pb.GradientRequest(graph_id=wide, inputs={"x": codec.to_tensor(np.ones([2, 2, 1]))}), "'x'"),  # 2 + 31
+        (pb.GradientRequest(graph_id=wide, outputs=["v"], inputs={"x": codec.to_tensor(np.ones([1]))},
+                            seeds={"v": codec.to_tensor(np.ones([2, 2, 1]))}), "'v'"),  # 2 + 31 again
+    ]
+    for request, name in requests:
+        method = stub.Evaluate if isinstance(request, pb.EvaluateRequest) else stub.Gradient
+        error = refused(method, request)
+        assert error.code() == INVALID, error.details()
+        assert name in error.details() and "32" in error.details()
+    assert_serves(stub, sine)
+
+
+@pytest.mark.parametrize("op", ["sqrt", "exp", "sin", "log", "tanh", "pow"])
+def test_bool_operands_of_float_ops_are_refused_at_registration(stub, sine, op):
+    """NumPy computes sqrt(bool) in float16 and pow(bool, bool) in int8, dtypes the service does
+    not carry: the graph is refused, naming the node and op, instead of failing as INTERNAL."""
+    operands = ("flag", "flag") if op == "pow" else ("flag",)
+    error = register_refusal(stub, graph([inp("flag", [3], BOOL)], [node("culprit", op, *operands)],
+                                         [("y", "culprit")]))
+    assert error.code() == INVALID, error.details()
+    assert "'culprit'" in error.details() and f"'{op}'" in error.details() and "bool" in error.details()
+    assert_serves(stub, sine)
+
+
+def test_bool_operands_still_work_where_numpy_keeps_a_carried_dtype(stub):
+    """add(bool, int64) is int64 and mul(bool, bool) bool: those stay accepted."""
+    g = graph([inp("flag", [3], BOOL), inp("n", [3], pb.DTYPE_INT64)],
+              [node("both", "mul", "flag", "flag"), node("count", "add", "flag", "n")], [("b", "both"), ("c", "count")])
+    response = stub.RegisterGraph(pb.RegisterGraphRequest(graph=g), timeout=TIMEOUT)
+    types = {t.id: t.dtype for t in response.types}
+    assert types["both"] == BOOL and types["count"] == pb.DTYPE_INT64
+
+
+@pytest.mark.parametrize("digits", [310, 1990])
+def test_a_huge_integer_literal_in_a_custom_op_is_invalid_argument(stub, sine, digits):
+    g = graph([inp("x", [3])], [node("n", "grow", "x")], [("y", "n")],
+              op_defs=[pb.OpDef(name="grow", operands=["x"], expression="x * " + "9" * digits)])
+    error = register_refusal(stub, g)
+    assert error.code() == INVALID, error.details()
+    assert "'grow'" in error.details() and "literal" in error.details()
+    assert_serves(stub, sine)
+
+
+@pytest.mark.parametrize("hook, param, value", [
+    ("noise", "seed", float("inf")), ("noise", "seed", float("nan")), ("noise", "seed", -1), ("noise", "seed", 2.5),
+    ("noise", "std", -1.0), ("noise", "std", float("inf")), ("scale", "factor", "three"), ("clip", "max", "high"),
+    ("clip_norm", "max_norm", -1.0)])
+def test_bad_hook_parameters_are_invalid_argument_naming_hook_node_and_parameter(stub, sine, hook, param, value):
+    error = refused(stub.Gradient, pb.GradientRequest(graph_id=sine, inputs=ONES, hooks=[
+        pb.HookAttachment(node="wave", hook=hook, params={param: codec.attr_value(value)})]))
+    assert error.code() == INVALID, error.details()
+    assert f"hook '{hook}' on node 'wave'" in error.details() and f"'{param}'" in error.details()
+    assert_serves(stub, sine)
+
+
+# Graphs whose node `moved` is computed by a structural op from `wave`: the adjoint of `moved`
+# reaches `wave` through the structural op's own adjoint (reshape, transpose, scatter, ...).
+X23 = [inp("x", [2, 3])]
+MOVED = {
+    "reshape": node("moved", "reshape", "wave", shape=[6]),
+    "transpose": node("moved", "transpose", "wave"),
+    "index": node("moved", "index", "wave", index=codec.index_list((0,))),
+    "concat": node("moved", "concat", "wave", "wave"),
+    "max": node("moved", "max", "wave", axes=[1]),
+    "mean": node("moved", "mean", "wave"),
+    "broadcast": node("moved", "broadcast_to", "wave", shape=[4, 2, 3]),
+}
+
+
+@pytest.mark.parametrize("semiring", ["kbest", "entropy"])
+@pytest.mark.parametrize("kind", ["post", "pre"])
+@pytest.mark.parametrize("moved", MOVED, ids=str)
+def test_server_hooks_work_on_tuple_carriers(stub, semiring, kind, moved):
+    """kbest carries k arrays, entropy two: a hook's value flowing into a structural op's adjoint
+    failed with "'tuple' object has no attribute 'reshape'". An identity hook (scale 1) leaves the
+    gradient as it is, and the record hook returns what it saw."""
+    gid = stub.RegisterGraph(pb.RegisterGraphRequest(graph=graph(
+        X23, [node("wave", "sin", "x"), MOVED[moved], node("total", "sum", "moved")], [("y", "total")])),
+        timeout=TIMEOUT).graph_id
+    x = {"x": codec.to_tensor(np.linspace(0.1, 1.2, 6).reshape(2, 3))}
+    plain = stub.Gradient(pb.GradientRequest(graph_id=gid, inputs=x, semiring=semiring), timeout=TIMEOUT)
+    for hook in ("scale", "record"):
+        hooked = stub.Gradient(pb.GradientRequest(graph_id=gid, inputs=x, semiring=semiring, hooks=[
+            pb.HookAttachment(node="moved", hook=hook, kind=kind)]), timeout=TIMEOUT)
+        np.testing.assert_array_equal(codec.from_tensor(hooked.gradients["x"]), codec.from_tensor(plain.gradients["x"]))
+        if hook == "record":
+            assert hooked.records[f"moved/{kind}"].tensors
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="needs a writable /dev/shm")
+@pytest.mark.parametrize("shape", [[0, 2**62, 4], [1] * 67, [1] * 33], ids=["too-big", "rank-67", "rank-33"])
+def test_shared_memory_tensors_of_impossible_shapes_are_invalid_argument(stub, sine, shape):
+    """Inline, these shapes were INVALID_ARGUMENT already; through shared memory they were INTERNAL."""
+    from semigrad.shared_memory import Region
+
+    region = Region(1 << 16)
+    try:
+        tensor = pb.Tensor(dtype=F64, shape=shape, shared=pb.SharedMemoryRef(region=region.name, offset=0))
+        for inline in (False, True):
+            if inline:
+                tensor = pb.Tensor(dtype=F64, shape=shape, data=b"")
+            error = refused(stub.Gradient, pb.GradientRequest(graph_id=sine, inputs={"x": tensor}))
+            assert error.code() == INVALID, error.details()
+            assert "'x'" in error.details()
+    finally:
+        region.close()
+    assert_serves(stub, sine)

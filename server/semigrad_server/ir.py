@@ -26,6 +26,9 @@ DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype(np.bool_),
 }
 FLOAT_DTYPES = frozenset({"float64", "float32"})
+# Dimensions of any value, batch dimensions included: NumPy broadcasts at most 32 (its arrays
+# hold 64, but np.broadcast and the ufuncs' broadcasting stop at 32).
+MAX_RANK = 32
 
 Shape = tuple[int, ...]
 # An index item is an int or a slice; an index is a tuple of items (basic indexing only).
@@ -114,6 +117,9 @@ def validate_structure(graph: Graph) -> list[Node]:
                 f"input '{spec.name}': unsupported dtype '{spec.dtype}' (supported: {', '.join(DTYPES)})")
         if any(d < 0 for d in spec.shape):
             raise InvalidArgument(f"input '{spec.name}': negative dimension in shape {list(spec.shape)}")
+        if len(spec.shape) > MAX_RANK:
+            raise InvalidArgument(f"input '{spec.name}': shape of rank {len(spec.shape)}; values have at most "
+                                  f"{MAX_RANK} dimensions, batch dimensions included")
         seen.add(spec.name)
     for node in graph.nodes:
         _check_id(node.id, "node")

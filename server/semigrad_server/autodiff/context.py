@@ -37,6 +37,10 @@ class AdjointContext:
     def const(self, value, dtype: str) -> str:
         return self.builder.const(value, dtype)
 
+    def emit_adjoint(self, op: str, inputs: Sequence[str], **attrs) -> str:
+        """Emit an op whose value is an adjoint, as its operands are (a hook on the backward pass)."""
+        return self.emit(op, inputs, **attrs)
+
     # -- derivative formulas
     def edge(self, partial: sp.Expr, env: dict, g: str) -> str | None:
         """φ(partial) ⊗ g for a SymPy partial whose symbols are bound to node ids in `env`."""
@@ -203,6 +207,10 @@ class SemiringContext(AdjointContext):
         if opdef.moves_elements and opdef.bound is None and inputs and inputs[0] in self.valued:
             self.valued.add(node)
         return node
+
+    def emit_adjoint(self, op, inputs, **attrs):
+        # A semiring value: structural ops it flows into map over a tuple carrier's components.
+        return self._sr(op, inputs, **attrs)
 
     def edge_value(self, partial, g):
         return self._sr("sr_mul", [self._sr("sr_lift", [partial]), g])

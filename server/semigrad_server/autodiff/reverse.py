@@ -114,7 +114,7 @@ def _finish(ctx: AdjointContext, ref: str, entries: list[tuple[tuple[str, int], 
     passed through its post hooks."""
     pre = [slot for kind, slot in attached if kind == "pre"]
     if pre:
-        value = ctx.emit("hook_pre", [c for _, c in entries], slot=pre[0],
+        value = ctx.emit_adjoint("hook_pre", [c for _, c in entries], slot=pre[0],
                          edges=json.dumps([list(edge) for edge, _ in entries]))
     else:
         value = entries[0][1]
@@ -122,5 +122,5 @@ def _finish(ctx: AdjointContext, ref: str, entries: list[tuple[tuple[str, int], 
             value = ctx.add(value, c)
     for kind, slot in attached:
         if kind == "post":
-            value = ctx.emit("hook_post", [value], slot=slot)
+            value = ctx.emit_adjoint("hook_post", [value], slot=slot)
     return value

@@ -151,6 +151,7 @@ class Engine:
         shape = batch.shape
         for name in seeded:
             seeds[name], shape = checked_seed(cg, name, seeds[name], shape)
+            cg.check_rank(shape, f"the seed for output {quoted(name)}")
 
         key = GradientPlanKey(s.key, tuple(names), tuple(wrt), seeded, spec.return_outputs, bool(spec.best_paths),
                               compile_kind(backend), spec.retain, tuple(slot_key(slot) for slot in slots))

@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir
-from ..errors import InvalidArgument, ResourceExhausted, quoted
+from ..errors import GraphError, InvalidArgument, ResourceExhausted, quoted
 from ..ir import Graph, Node, Type
 from ..limits import Limits
 from ..ops import Registry, node_type
@@ -68,6 +68,18 @@ class CompiledGraph:
             raise InvalidArgument("the graph has no float inputs to differentiate with respect to")
         return chosen
 
+    @functools.cached_property
+    def max_rank(self) -> int:
+        """The largest rank of the graph's values (per item)."""
+        return max((t.rank for t in self.types.values()), default=0)
+
+    def check_rank(self, batch_shape: tuple[int, ...], what: str) -> None:
+        """INVALID_ARGUMENT, naming `what` (the input or seed that brought the batch dimensions),
+        unless every value, with the request's batch dimensions, is within MAX_RANK."""
+        if len(batch_shape) + self.max_rank > ir.MAX_RANK:
+            raise InvalidArgument(f"{what} brings the batch to {len(batch_shape)} dimensions, and the graph has values "
+                                  f"of rank {self.max_rank}: values have at most {ir.MAX_RANK} dimensions in all")
+
     def batch(self, inputs: Mapping[str, np.ndarray]) -> Batch:
         """A request's inputs checked against the declared ones (names, dtypes, item shapes),
         and their leading dimensions broadcast into the batch shape (within the batch limit)."""
@@ -83,6 +95,9 @@ class CompiledGraph:
             if a.dtype != ir.DTYPES[spec.dtype]:
                 raise InvalidArgument(f"input '{name}' has dtype {a.dtype.name}; the graph declares {spec.dtype}")
             lead = a.ndim - len(spec.shape)
+            if a.ndim > ir.MAX_RANK:
+                raise InvalidArgument(f"input '{name}' has {a.ndim} dimensions; values have at most {ir.MAX_RANK}, "
+                                      f"batch dimensions included")
             if lead < 0 or tuple(a.shape[lead:]) != spec.shape:
                 raise InvalidArgument(f"input '{name}' has shape {list(a.shape)}, which does not end with "
                                       f"the declared shape {list(spec.shape)}")
@@ -94,6 +109,8 @@ class CompiledGraph:
         except ValueError:
             described = ", ".join(f"{n}: {list(s)}" for n, s in leads)
             raise InvalidArgument(f"batch dimensions of the inputs do not broadcast ({described})") from None
+        if shape:
+            self.check_rank(shape, "input " + quoted(max(leads, key=lambda lead: len(lead[1]))[0]))
         items = math.prod(shape)
         if items > self.limits.max_batch:
             raise ResourceExhausted(f"batch of {items} items; the limit is {self.limits.max_batch}")
@@ -111,12 +128,23 @@ def compile_graph(graph: Graph, limits: Limits) -> CompiledGraph:
     for spec in graph.inputs:
         _check_size(spec.name, "input", spec.type, limits)
     for node in order:
-        _, attrs[node.id], types[node.id] = node_type(node, [types[r] for r in node.inputs], registry)
+        op, attrs[node.id], types[node.id] = node_type(node, [types[r] for r in node.inputs], registry)
+        _check_type(node, op.name, types[node.id])
         _check_size(node.id, "node", types[node.id], limits)
     remembered = RememberedRequests()
     # remembered requests must not keep an evicted plan alive past the limit
     plans = PlanCache(limits.max_plans_per_graph, on_evict=remembered.forget)
     return CompiledGraph(ir.content_hash(graph), graph, order, types, attrs, registry, limits, plans, remembered)
+
+
+def _check_type(node: Node, op: str, t: Type) -> None:
+    """A node's value must be of a dtype and rank the service carries."""
+    if t.dtype not in ir.DTYPES:
+        raise GraphError(node.id, f"op '{op}' would give a {t.dtype} value, which semigrad does not carry "
+                                  f"(dtypes: {', '.join(ir.DTYPES)})")
+    if t.rank > ir.MAX_RANK:
+        raise GraphError(node.id, f"op '{op}' would give a value of rank {t.rank}; values have at most "
+                                  f"{ir.MAX_RANK} dimensions, batch dimensions included")
 
 
 def _check_size(ref: str, what: str, t: Type, limits: Limits) -> None:

@@ -12,6 +12,8 @@ declare an entry point in the group `semigrad.hooks`.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -66,3 +68,23 @@ class Hook:
     def pre(self, contributions: Sequence[Contribution], call: HookCall):
         """Default: accumulate as usual, then apply `post`."""
         return self.post(call.accumulate(contributions), call)
+
+
+def number(params: Mapping[str, object], name: str, default: float, *, minimum: float | None = None,
+           integer: bool = False, finite: bool = False) -> float:
+    """Parameter `name` as a number (`default` when absent); ValueError naming it unless it is a
+    real number (a whole one, within int64, if `integer`; not NaN; finite if `finite`; at least
+    `minimum`). Hooks call it in `check`, so a bad value is refused when the request attaches the
+    hook, and again where they read it."""
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise ValueError(f"parameter '{name}' must be a number, got {value!r}"[:200])
+    if integer:
+        if not (math.isfinite(value) and float(value).is_integer() and -2**63 <= value < 2**63):
+            raise ValueError(f"parameter '{name}' must be a whole number within int64, got {value!r}")
+        value = int(value)
+    elif finite and not math.isfinite(value):
+        raise ValueError(f"parameter '{name}' must be finite, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"parameter '{name}' must be at least {minimum:g}, got {value!r}")
+    return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Hook
+from .base import Hook, number
 
 
 def _each(call, fn, value):
@@ -17,8 +17,12 @@ class Scale(Hook):
     description = "multiply the gradient by `factor`"
     parameters = {"factor": "the multiplier (default 1)"}
 
+    def check(self, params):
+        super().check(params)
+        number(params, "factor", 1.0)
+
     def post(self, gradient, call):
-        factor = float(call.params.get("factor", 1.0))
+        factor = number(call.params, "factor", 1.0)
         return _each(call, lambda g: g * factor, gradient)
 
 
@@ -27,8 +31,12 @@ class Clip(Hook):
     description = "clip every element into [min, max]"
     parameters = {"min": "lower bound (default -inf)", "max": "upper bound (default +inf)"}
 
+    def check(self, params):
+        super().check(params)
+        number(params, "min", -np.inf), number(params, "max", np.inf)
+
     def post(self, gradient, call):
-        lo, hi = float(call.params.get("min", -np.inf)), float(call.params.get("max", np.inf))
+        lo, hi = number(call.params, "min", -np.inf), number(call.params, "max", np.inf)
         return _each(call, lambda g: np.clip(g, lo, hi), gradient)
 
 
@@ -39,11 +47,12 @@ class ClipNorm(Hook):
 
     def check(self, params):
         super().check(params)
-        if "max_norm" not in params or float(params["max_norm"]) < 0:
+        if "max_norm" not in params:
             raise ValueError("hook 'clip_norm' needs a non-negative max_norm")
+        number(params, "max_norm", 0.0, minimum=0.0)
 
     def post(self, gradient, call):
-        limit = float(call.params["max_norm"])
+        limit = number(call.params, "max_norm", 0.0, minimum=0.0)
         rank = len(call.shape)
 
         def clip(g):
@@ -67,9 +76,14 @@ class Noise(Hook):
     description = "add Gaussian noise N(0, std²), reproducible from `seed`"
     parameters = {"std": "standard deviation (default 1)", "seed": "random seed (default 0)"}
 
+    def check(self, params):
+        super().check(params)
+        number(params, "seed", 0, integer=True, minimum=0)  # NumPy seeds are non-negative
+        number(params, "std", 1.0, minimum=0.0, finite=True)
+
     def post(self, gradient, call):
-        rng = np.random.default_rng(int(call.params.get("seed", 0)))
-        std = float(call.params.get("std", 1.0))
+        rng = np.random.default_rng(number(call.params, "seed", 0, integer=True, minimum=0))
+        std = number(call.params, "std", 1.0, minimum=0.0, finite=True)
         return _each(call, lambda g: g + rng.normal(0.0, std, size=np.shape(g)), gradient)
 
 

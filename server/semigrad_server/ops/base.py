@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..errors import GraphError, quoted
-from ..ir import DTYPES, Node, Type
+from ..ir import DTYPES, MAX_RANK, Node, Type
 
 ATTR_KINDS = ("int", "ints", "float", "string", "bool", "tensor", "index")
 
@@ -117,6 +117,11 @@ def _check_attr(node: Node, spec: AttrSpec, value: object) -> object:
     }[spec.kind]
     if not ok(value):
         raise GraphError(node.id, f"attribute '{spec.name}' must be of kind '{spec.kind}', got {type(value).__name__}")
+    # Shapes, axes, permutations and indices have an entry per dimension, and a tensor its dimensions.
+    rank = value.ndim if spec.kind == "tensor" else len(value) if spec.kind in ("ints", "index") else 0
+    if rank > MAX_RANK:
+        raise GraphError(node.id, f"attribute '{spec.name}' has {rank} {'dimensions' if spec.kind == 'tensor' else 'entries'};"
+                                  f" values have at most {MAX_RANK} dimensions")
     return value
 
 

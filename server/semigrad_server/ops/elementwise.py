@@ -22,7 +22,7 @@ import numpy as np
 import sympy as sp
 
 from ..errors import GraphError
-from ..ir import Type
+from ..ir import DTYPES, Type
 from . import sym
 from .base import OpDef, Registry, align, broadcast_item_shapes
 from .sym import X, Y
@@ -202,7 +202,13 @@ def infer_elementwise(fn: Callable):
         except TypeError:  # NumPy has no kernel for these dtypes (e.g. sub or neg of bools)
             dtypes = ", ".join(t.dtype for t in in_types)
             raise GraphError(node.id, f"op '{node.op}' does not accept operands of dtype {dtypes}") from None
-        return Type(shape, np.asarray(probe).dtype.name)
+        dtype = np.asarray(probe).dtype.name
+        if dtype not in DTYPES:  # sqrt(bool) is float16 in NumPy, pow(bool, bool) int8: refused, not promoted
+            dtypes = ", ".join(t.dtype for t in in_types)
+            raise GraphError(node.id, f"op '{node.op}' does not accept operands of dtype {dtypes} (NumPy would "
+                                      f"compute {dtype}, which semigrad does not carry); give it float operands, "
+                                      f"e.g. where(flag, 1.0, 0.0) for a bool")
+        return Type(shape, dtype)
 
     return infer
 

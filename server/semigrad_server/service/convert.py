@@ -10,7 +10,7 @@ from semigrad.v1 import semigrad_pb2 as pb
 
 from ..engine.specs import EvaluateSpec, GradientSpec, HookRequest
 from ..errors import InvalidArgument, quoted
-from ..ir import Graph, InputSpec, Node, OpDefinition, Type
+from ..ir import MAX_RANK, Graph, InputSpec, Node, OpDefinition, Type
 from ..ops.base import OpDef
 from .shared_memory import Session, Writer
 
@@ -24,6 +24,9 @@ GRADIENT_TRANSPORT_FIELDS = frozenset({"output_region"})
 def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None) -> np.ndarray:
     """The tensor's array: a read-only view of the message bytes, or of the shared-memory region it
     references when the request may use shared memory (`shared`: the request's session)."""
+    if len(tensor.shape) > MAX_RANK:
+        raise InvalidArgument(f"{what}: a tensor of rank {len(tensor.shape)}; values have at most {MAX_RANK} "
+                              f"dimensions, batch dimensions included")
     if tensor.WhichOneof("payload") == "shared":
         if shared is None:
             raise InvalidArgument(f"{what}: shared-memory tensors are only accepted in the inputs and seeds of "

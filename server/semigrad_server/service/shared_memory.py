@@ -250,9 +250,13 @@ class Session:
             raise InvalidArgument(f"{what}: a tensor of shape {shape} and dtype {dtype.name} needs {nbytes} bytes at "
                                   f"offset {start}, past the end of shared memory region '{ref.region}' "
                                   f"({m.size} bytes)")
+        try:
+            array = np.frombuffer(memoryview(m.mm)[start:start + nbytes].toreadonly(), dtype=dtype, count=count)
+            array = array.reshape(shape)
+        except ValueError as e:  # a shape NumPy cannot hold (e.g. [0, 2**62, 4]: "array is too big")
+            raise InvalidArgument(f"{what}: tensor shape {list(shape)}: {e}") from None
         self._extents.append((ref.region, start, start + nbytes, what))
-        view = memoryview(m.mm)[start:start + nbytes].toreadonly()
-        return np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
+        return array
 
     def writer(self, region: pb.SharedMemoryRegion, what: str = "output_region") -> Writer:
         """Where the response's tensors go; checked now (call it after the inputs are decoded)."""

@@ -181,7 +181,8 @@ class _Builder:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             kind = {str: "string", bytes: "bytes", complex: "complex number"}.get(type(value), repr(value))
             self.fail(node, f"{kind} literal is not allowed")
-        if not math.isfinite(value) or abs(value) > MAX_LITERAL:
+        # An int is compared as it is: converting one of 310 digits or more to float overflows.
+        if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > MAX_LITERAL:
             self.fail(node, f"number literal out of range (magnitude at most {MAX_LITERAL:g})")
         if isinstance(value, int):
             return sp.Integer(value)
