@@ -10,12 +10,6 @@ import semigrad as sg
 
 H_04_06 = -(0.4 * math.log(0.4) + 0.6 * math.log(0.6))
 
-# Tuple-valued semirings (entropy, kbest with k > 1) fail in the service: the engine passes
-# every node of SemiringContext.valued as `map_components` to the Plan, so the sr_* kernels
-# (which take whole tuples) get wrapped per component too ("sr_ones: <lambda>() missing 1
-# required positional argument"). Only the STRUCTURAL nodes should be. Strict: when the
-# server is fixed these XPASS and fail, so remove the marker then.
-
 # y = 0.5 · (2x + 3x): two parallel paths with partials 2 and 3, joined by an add, then 0.5.
 # Path products 1.0 and 1.5.
 EXPECTED = {
@@ -68,6 +62,16 @@ def test_two_parallel_paths_batched(two_paths, name):
     got = two_paths.gradient({"x": np.arange(6.0).reshape(2, 3)}, semiring=name)["x"]
     assert got.shape == (2, 3)
     np.testing.assert_allclose(got, np.full((2, 3), float(EXPECTED[name])), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("backend", ["tensor", "scalar"])
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_forward_values_come_back_as_values_under_every_semiring(two_paths, name, backend):
+    """return_outputs: the forward values, whatever the semiring's carrier (the scalar backend
+    returned a tuple carrier's outputs as tuples: INTERNAL, found by tests/hostile)."""
+    x = np.array([1.0, -2.0])
+    _, outputs = two_paths.gradient({"x": x}, semiring=name, backend=backend, return_outputs=True)
+    np.testing.assert_array_equal(outputs["y"], 2.5 * x)
 
 
 def test_entropy_components(two_paths):

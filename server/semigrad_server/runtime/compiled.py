@@ -133,8 +133,10 @@ class ScalarExecutable:
 
     def _assemble(self, values, batch: tuple, single: bool = False) -> dict:
         out = {}
-        for (name, shape, ids), vals in zip(self.program.outputs, values):
-            if self.semiring is not None and self.semiring.components > 1:
+        carried = self.semiring is not None and self.semiring.components > 1
+        for (name, shape, ids), vals, semiring_value in zip(self.program.outputs, values,
+                                                             self.program.semiring_outputs):
+            if carried and semiring_value:
                 parts = zip(*(self.semiring.components_of(v) for v in vals))
                 out[name] = tuple(_stack(list(c), batch, shape, single) for c in parts)
             else:

@@ -41,6 +41,9 @@ class ScalarProgram:
     inputs: list[tuple[str, tuple[int, ...], np.ndarray]] = field(default_factory=list)  # name, shape, var ids
     outputs: list[tuple[str, tuple[int, ...], np.ndarray]] = field(default_factory=list)
     output_dtypes: list[str] = field(default_factory=list)
+    # per output: whether it is a semiring value (a tuple carrier's outputs come back as tuples)
+    # rather than a forward value
+    semiring_outputs: list[bool] = field(default_factory=list)
     input_dtypes: list[str] = field(default_factory=list)
     semiring_vars: set[int] = field(default_factory=set)  # vars holding semiring values
     ops: dict[str, OpDef] = field(default_factory=dict)  # the elementwise ops the instructions use, by name
@@ -248,6 +251,7 @@ def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], ou
         ids[ref] = np.asarray(ids[ref], dtype=np.int64)
     sc.p.outputs = [(name, types[ref].shape, ids[ref]) for name, ref in outputs]
     sc.p.output_dtypes = [types[ref].dtype for _, ref in outputs]
+    sc.p.semiring_outputs = [ref in ops and ops[ref].bound is not None for _, ref in outputs]
     _drop_dead(sc.p)
     return sc.p
 
