@@ -201,6 +201,24 @@ def test_a_graph_of_rank_past_32_is_invalid_argument(stub, sine, case):
     assert_serves(stub, sine)
 
 
+HUGE = [0, 2**62, 4]  # no element, yet larger than any NumPy array may be ("array is too big")
+UNHOLDABLE_GRAPHS = {  # graph, the name the message must give (found by tests/hostile)
+    "input": (graph([inp("empty", HUGE)], [node("n", "neg", "empty")], [("y", "n")]), "'empty'"),
+    "input-transposed": (graph([inp("empty", [2**62, 0])], [node("n", "neg", "empty")], [("y", "n")]), "'empty'"),
+    "broadcast-to": (graph([inp("x", [1, 4])], [node("culprit", "broadcast_to", "x", shape=HUGE)], [("y", "culprit")]),
+                     "'culprit'"),
+}
+
+
+@pytest.mark.parametrize("case", UNHOLDABLE_GRAPHS, ids=str)
+def test_a_graph_with_a_shape_no_array_can_have_is_invalid_argument(stub, sine, case):
+    g, name = UNHOLDABLE_GRAPHS[case]
+    error = register_refusal(stub, g)
+    assert error.code() == INVALID, error.details()
+    assert name in error.details() and "larger than any array" in error.details()
+    assert_serves(stub, sine)
+
+
 def test_request_tensors_and_batches_past_rank_32_are_invalid_argument(stub, sine):
     wide = stub.RegisterGraph(pb.RegisterGraphRequest(graph=graph(
         [inp("x", [1])], [node("deep", "reshape", "x", shape=[1] * 31), node("s", "sum", "deep"),

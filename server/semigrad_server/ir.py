@@ -29,6 +29,14 @@ FLOAT_DTYPES = frozenset({"float64", "float32"})
 # Dimensions of any value, batch dimensions included: NumPy broadcasts at most 32 (its arrays
 # hold 64, but np.broadcast and the ufuncs' broadcasting stop at 32).
 MAX_RANK = 32
+# Bytes any array may span, counting only its non-empty dimensions: NumPy refuses larger shapes
+# ("array is too big") even when a zero dimension leaves nothing to store, e.g. [0, 2**62, 4].
+MAX_ARRAY_BYTES = 2**63 - 1
+
+
+def unholdable(shape: Iterable[int]) -> bool:
+    """Whether no NumPy array (of 8-byte items) can have this shape."""
+    return math.prod(d for d in shape if d) * 8 > MAX_ARRAY_BYTES
 
 Shape = tuple[int, ...]
 # An index item is an int or a slice; an index is a tuple of items (basic indexing only).
@@ -120,6 +128,8 @@ def validate_structure(graph: Graph) -> list[Node]:
         if len(spec.shape) > MAX_RANK:
             raise InvalidArgument(f"input '{spec.name}': shape of rank {len(spec.shape)}; values have at most "
                                   f"{MAX_RANK} dimensions, batch dimensions included")
+        if unholdable(spec.shape):
+            raise InvalidArgument(f"input '{spec.name}': shape {list(spec.shape)} is larger than any array can be")
         seen.add(spec.name)
     for node in graph.nodes:
         _check_id(node.id, "node")

@@ -145,6 +145,9 @@ def _check_type(node: Node, op: str, t: Type) -> None:
     if t.rank > ir.MAX_RANK:
         raise GraphError(node.id, f"op '{op}' would give a value of rank {t.rank}; values have at most "
                                   f"{ir.MAX_RANK} dimensions, batch dimensions included")
+    if ir.unholdable(t.shape):
+        raise GraphError(node.id, f"op '{op}' would give a value of shape {list(t.shape)}, larger than any "
+                                  f"array can be")
 
 
 def _check_size(ref: str, what: str, t: Type, limits: Limits) -> None:
