@@ -186,3 +186,21 @@ def test_a_client_that_disconnects_mid_backward_leaves_the_server_healthy(server
     channel.close()
     wait_for_no_hook_threads()
     np.testing.assert_allclose(chain.gradient(point)["x"], real_expectations(**point)["x"], rtol=1e-12)
+
+
+def test_a_client_that_closes_its_stream_with_a_hook_call_unanswered_gets_invalid_argument(server_address, chain,
+                                                                                            point):
+    """At once, not at the deadline: no reply can come (found by tests/hostile, which got CANCELLED)."""
+    request = pb.GradientRequest(graph_id=chain.id, inputs={k: codec.to_tensor(v) for k, v in point.items()},
+                                 hooks=[pb.HookAttachment(node="a", kind="post", client=True)])
+    with grpc.insecure_channel(server_address) as channel:
+        started = time.monotonic()
+        call = pb_grpc.GraphServiceStub(channel).GradientWithHooks(iter([pb.HookStreamRequest(start=request)]),
+                                                                   timeout=20)
+        with pytest.raises(grpc.RpcError) as raised:
+            for _ in call:
+                pass
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()
+    assert "without answering hook call 0" in raised.value.details() and "'a'" in raised.value.details()
+    assert time.monotonic() - started < 10
+    wait_for_no_hook_threads()

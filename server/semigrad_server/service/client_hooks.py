@@ -17,7 +17,8 @@ from semigrad.v1 import semigrad_pb2 as pb
 from .. import errors
 from . import convert
 
-_CLOSED = object()
+_CLOSED = object()  # the call ended: cancelled, deadline, the client went away
+_ENDED = object()  # the client closed its side of the stream: no more replies will come
 NO_DEADLINE = 1e8  # seconds; longer "deadlines" mean none
 
 
@@ -37,6 +38,9 @@ class ClientHookChannel:
     def close(self) -> None:
         self.replies.put(_CLOSED)
 
+    def end(self) -> None:
+        self.replies.put(_ENDED)
+
     def call(self, slot, contributions) -> np.ndarray:
         """Called by a hook_post/hook_pre kernel in the worker thread."""
         call_id = next(self._ids)
@@ -51,6 +55,9 @@ class ClientHookChannel:
             raise errors.DeadlineExceeded(f"deadline exceeded waiting for the client hook on node '{slot.node}'") from None
         if reply is _CLOSED:
             raise errors.Cancelled(f"the client went away during its hook on node '{slot.node}'")
+        if reply is _ENDED:
+            raise errors.InvalidArgument(f"the client closed its stream without answering hook call {call_id} "
+                                         f"(node '{slot.node}')")
         if reply.call != call_id:
             raise errors.InvalidArgument(f"hook reply {reply.call} does not answer call {call_id}")
         if reply.error:
@@ -83,9 +90,9 @@ def run_with_client_hooks(request_iterator, context, start_work) -> object:
                 if message.WhichOneof("kind") == "reply":
                     channel.replies.put(message.reply)
         except Exception:  # the client went away: the reader sees _CLOSED
-            pass
-        finally:
             channel.close()
+        else:
+            channel.end()
 
     context.add_callback(channel.close)
     threading.Thread(target=work, name="semigrad-hook-run", daemon=True).start()
