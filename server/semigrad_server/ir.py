@@ -35,8 +35,10 @@ MAX_ARRAY_BYTES = 2**63 - 1
 
 
 def unholdable(shape: Iterable[int]) -> bool:
-    """Whether no NumPy array (of 8-byte items) can have this shape."""
-    return math.prod(d for d in shape if d) * 8 > MAX_ARRAY_BYTES
+    """Whether this is an empty shape no NumPy array (of 8-byte items) can have ([0, 2**62, 4]).
+    A non-empty shape that large is over the server's element limits, which say so first."""
+    shape = tuple(shape)
+    return 0 in shape and math.prod(d for d in shape if d) * 8 > MAX_ARRAY_BYTES
 
 Shape = tuple[int, ...]
 # An index item is an int or a slice; an index is a tuple of items (basic indexing only).

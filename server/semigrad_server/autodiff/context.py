@@ -20,6 +20,7 @@ from .builder import GraphBuilder
 
 class AdjointContext:
     commutative = True
+    valued: frozenset = frozenset()  # nodes holding semiring values: none, the real adjoints are plain arrays
 
     def __init__(self, builder: GraphBuilder):
         self.builder = builder

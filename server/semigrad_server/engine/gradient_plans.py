@@ -67,6 +67,7 @@ def compile_gradient(cg: CompiledGraph, s, key: GradientPlanKey, backend: str,
         bg.graph, bg.graph.nodes, bg.types, list(dict.fromkeys(outputs)), registry=registry,
         attrs=bg.context.builder.attrs,
         map_components=bg.context.structural_on_values() if s.components > 1 else frozenset(),
+        semiring_values=frozenset(bg.context.valued),
         semiring=None if s.name == "real" else s, backend="tensor" if key.keep_all else backend)
     return CompiledGradient(plan, bg)
 

@@ -158,11 +158,14 @@ def _stack(vals: list, batch: tuple, shape: tuple, single: bool) -> np.ndarray:
 
 def compile_executable(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type],
                        outputs: Sequence[tuple[Hashable, str]], *, registry: Registry, attrs: Mapping[str, dict],
-                       map_components: frozenset = frozenset(), semiring=None, backend: str = "auto"):
-    """The scalar program when the graph has one (and `backend` allows), else the tensor plan."""
+                       map_components: frozenset = frozenset(), semiring_values: frozenset = frozenset(),
+                       semiring=None, backend: str = "auto"):
+    """The scalar program when the graph has one (and `backend` allows), else the tensor plan.
+    `semiring_values`: the nodes holding semiring values (a tuple carrier returns them as tuples);
+    `map_components`: those of them computed by structural ops, which map over the components."""
     if backend != "tensor":
         try:
-            program = scalarize(graph, nodes, types, outputs, registry, attrs, semiring,
+            program = scalarize(graph, nodes, types, outputs, registry, attrs, semiring, semiring_values,
                                 only_if_narrow=backend == "auto")
             return ScalarExecutable(program, semiring)
         except NotScalarizable as e:

@@ -209,8 +209,8 @@ class Scalarizer:
 
 
 def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], outputs: Sequence[tuple[str, str]],
-              registry: Registry, attrs: Mapping[str, dict], semiring=None, only_if_narrow: bool = False
-              ) -> ScalarProgram:
+              registry: Registry, attrs: Mapping[str, dict], semiring=None,
+              semiring_values: frozenset = frozenset(), only_if_narrow: bool = False) -> ScalarProgram:
     """The scalar program computing `outputs`; raises NotScalarizable when there is none
     (or, with `only_if_narrow`, when the graph's compute nodes are wide: see MAX_AUTO_ELEMENTS_PER_NODE)."""
     needed = {ref for _, ref in outputs}
@@ -251,7 +251,7 @@ def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], ou
         ids[ref] = np.asarray(ids[ref], dtype=np.int64)
     sc.p.outputs = [(name, types[ref].shape, ids[ref]) for name, ref in outputs]
     sc.p.output_dtypes = [types[ref].dtype for _, ref in outputs]
-    sc.p.semiring_outputs = [ref in ops and ops[ref].bound is not None for _, ref in outputs]
+    sc.p.semiring_outputs = [ref in semiring_values for _, ref in outputs]
     _drop_dead(sc.p)
     return sc.p
 
