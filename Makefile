@@ -23,7 +23,7 @@ SHELL := /bin/bash
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := test
 
-.PHONY: venv serve test proto bench clean distclean
+.PHONY: venv serve test fuzz proto bench clean distclean
 
 # Graphviz's dot program renders pictures (RegisteredGraph.render, `semigrad viz`); installed from
 # Debian's packages where possible, never failing the build (without it those tests are skipped).
@@ -50,6 +50,11 @@ serve: venv
 
 test: venv
 	$(VENV_PY) -m pytest -q $(PYTEST_ARGS)
+
+# The generated-input suites of tests/fuzz with many more examples and random seeds (make test runs
+# them bounded, with a fixed seed).
+fuzz: venv
+	SEMIGRAD_FUZZ=1 $(VENV_PY) -m pytest -q tests/fuzz $(PYTEST_ARGS)
 
 proto: venv
 	$(VENV_PY) -m grpc_tools.protoc -I proto --python_out=client --grpc_python_out=client --pyi_out=client $(PROTOS)
