@@ -14,7 +14,9 @@ class Limits:
     max_graphs: int = 1024  # compiled graphs kept in memory per process (least recently used ones go first)
     max_stored_graphs: int = 100_000  # graphs kept in the persistent store (oldest ones go first)
     max_plans_per_graph: int = 64  # compiled plans cached per graph
-    max_request_seconds: float = 600.0  # server-side bound on one request, on top of the client's deadline
+    max_request_seconds: float = 600.0  # the deadline of a request without one, and a bound on every request's
+    max_streams: int = 4  # streaming calls served at once per worker (each has a thread of its own)
+    max_streams_per_connection: int = 2  # of them from one client connection
     max_message_bytes: int = 512 * 1024 * 1024  # gRPC send and receive message size
 
     @classmethod

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..deadline import check
 from .. import ir
 from ..errors import InvalidArgument, quoted
 from ..runtime.outputs import OutputKey
@@ -71,6 +72,7 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -
         ref, flat = name, _flat(element, cg.types[name].shape)
         result.steps.append((ref, element, 1.0))
         while True:
+            check(f"tracing the best path from {name}{list(index)}, at node '{ref}'")
             best = None  # (value, next ref, next flat index, partial); next ref None: the output itself
             if ref in output_names:
                 best = (_pick(s, item(results[OutputKey.seed(ref)], ref, b), flat), None, flat, 1.0)

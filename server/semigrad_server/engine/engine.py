@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir
+from ..deadline import interruptibly
 from ..errors import FailedPrecondition, InvalidArgument, quoted
 from ..hooks import run as hooks_run
 from ..hooks.loader import HookRegistry
@@ -57,7 +58,7 @@ class Engine:
 
     # ------------------------------------------------------------ registration
     def register(self, graph: Graph) -> tuple[CompiledGraph, bool]:
-        cg = compile_graph(graph, self.limits)
+        cg = interruptibly("registering the graph", compile_graph, graph, self.limits)
         stored, created = self.store.put_if_absent(cg.id, cg)
         if self.persistent is not None:
             created = self.persistent.put(cg.id, ir.serialize(graph))
@@ -67,7 +68,8 @@ class Engine:
         if self.persistent is not None and graph_id not in self.store:
             data = self.persistent.get(graph_id)
             if data is not None:  # registered through another worker, or before a restart
-                return self.store.put_if_absent(graph_id, compile_graph(ir.deserialize(data), self.limits))[0]
+                cg = interruptibly("compiling the stored graph", compile_graph, ir.deserialize(data), self.limits)
+                return self.store.put_if_absent(graph_id, cg)[0]
         return self.store.get(graph_id)
 
     # ------------------------------------------------------------ keyword forms of the requests
@@ -103,8 +105,8 @@ class Engine:
                 raise InvalidArgument(f"unknown node {quoted(ref)} requested")
         batch = cg.batch(spec.inputs)
         key = EvaluatePlanKey(tuple(names), tuple(spec.nodes), compile_kind(backend))
-        plan = cg.plans.get(key, lambda: compile_executable(
-            cg.graph, cg.order, cg.types,
+        plan = cg.plans.get(key, lambda: interruptibly(
+            "compiling the evaluation", compile_executable, cg.graph, cg.order, cg.types,
             [(OutputKey.output(n), cg.graph.output_map[n]) for n in names]
             + [(OutputKey.value(r), r) for r in spec.nodes],
             registry=cg.registry, attrs=cg.attrs, backend=backend))
@@ -155,7 +157,8 @@ class Engine:
 
         key = GradientPlanKey(s.key, tuple(names), tuple(wrt), seeded, spec.return_outputs, bool(spec.best_paths),
                               compile_kind(backend), spec.retain, tuple(slot_key(slot) for slot in slots))
-        compiled = cg.plans.get(key, lambda: compile_gradient(cg, s, key, backend, slots))
+        compiled = cg.plans.get(key, lambda: interruptibly("compiling the gradient", compile_gradient, cg, s, key,
+                                                           backend, slots))
         if seeded:
             seed_inputs = compiled.backward.seed_inputs
             batch = Batch({**batch.arrays, **{seed_inputs[n]: seeds[n] for n in seeded if n in seed_inputs}}, shape)

@@ -13,6 +13,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from ..deadline import current as current_bound
 from ..errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
@@ -21,7 +22,6 @@ from .allocation import result_array
 from .cse import common_subexpressions
 from .fusion import FusedKernel, fusion_groups
 
-CHECK_EVERY = 64  # steps between deadline checks
 MAX_FOLDED_ELEMENTS = 1 << 20  # constant-folded values larger than this are computed per request
 
 
@@ -145,6 +145,7 @@ class Plan:
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
             backend: str = "tensor", shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
         env: list = [None] * self.n_slots
+        bound = current_bound()  # the request's, whose client may cancel
         allocating = allocation.active()  # results go where the request wants them
         for slot, value in self.constants:
             env[slot] = value
@@ -152,8 +153,11 @@ class Plan:
             env[slot] = inputs[name]
         with np.errstate(all="ignore"):
             for i, step in enumerate(self.steps):
-                if deadline is not None and i % CHECK_EVERY == 0 and time.monotonic() > deadline:
+                # every step: a clock read is nothing beside a kernel call, and one step may be long
+                if deadline is not None and time.monotonic() > deadline:
                     raise DeadlineExceeded(f"deadline exceeded at node '{step.node_id}' ({i}/{len(self.steps)} steps)")
+                if bound is not None and bound.cancelled:
+                    bound.check(f"at node '{step.node_id}' ({i}/{len(self.steps)} steps)")
                 try:
                     if allocating and step.into is not None and step.out in self.output_slot_set:
                         args = [env[a] for a in step.args]

@@ -14,12 +14,11 @@ import time
 import numpy as np
 from semigrad.v1 import semigrad_pb2 as pb
 
-from .. import errors
+from .. import deadline, errors
 from . import convert
 
 _CLOSED = object()  # the call ended: cancelled, deadline, the client went away
 _ENDED = object()  # the client closed its side of the stream: no more replies will come
-NO_DEADLINE = 1e8  # seconds; longer "deadlines" mean none
 
 
 class ClientHookError(errors.SemigradError):
@@ -41,6 +40,12 @@ class ClientHookChannel:
     def end(self) -> None:
         self.replies.put(_ENDED)
 
+    def fail(self, error: errors.SemigradError) -> None:
+        """The call fails with `error` now, whatever the work is doing (a hook waiting for a
+        reply raises it too)."""
+        self.outgoing.put(("error", error))
+        self.replies.put(error)
+
     def call(self, slot, contributions) -> np.ndarray:
         """Called by a hook_post/hook_pre kernel in the worker thread."""
         call_id = next(self._ids)
@@ -55,6 +60,8 @@ class ClientHookChannel:
             raise errors.DeadlineExceeded(f"deadline exceeded waiting for the client hook on node '{slot.node}'") from None
         if reply is _CLOSED:
             raise errors.Cancelled(f"the client went away during its hook on node '{slot.node}'")
+        if isinstance(reply, errors.SemigradError):
+            raise reply
         if reply is _ENDED:
             raise errors.InvalidArgument(f"the client closed its stream without answering hook call {call_id} "
                                          f"(node '{slot.node}')")
@@ -70,13 +77,14 @@ class ClientHookChannel:
         return value
 
 
-def run_with_client_hooks(request_iterator, context, start_work) -> object:
-    """Generator body of GradientWithHooks. `start_work(channel)` computes the GradientResponse."""
+def run_with_client_hooks(request_iterator, context, bound: deadline.Bound, start_work) -> object:
+    """Generator body of GradientWithHooks. `request_iterator`: the client's messages, ending
+    (DeadlineExceeded) at `bound`, which the end of the call cancels. `start_work(channel)`
+    computes the GradientResponse, in a thread of its own under `bound`."""
     first = next(request_iterator, None)
     if first is None or first.WhichOneof("kind") != "start":
         raise errors.InvalidArgument("GradientWithHooks must open with a `start` message")
-    remaining = context.time_remaining()  # without a client deadline grpc reports a huge number
-    channel = ClientHookChannel(None if remaining is None or remaining > NO_DEADLINE else time.monotonic() + remaining)
+    channel = ClientHookChannel(bound.deadline)
 
     def work():
         try:
@@ -87,15 +95,22 @@ def run_with_client_hooks(request_iterator, context, start_work) -> object:
     def pump():
         try:
             for message in request_iterator:
-                if message.WhichOneof("kind") == "reply":
-                    channel.replies.put(message.reply)
+                kind = message.WhichOneof("kind")
+                if kind != "reply":  # no hook can be answered by it: a protocol fault, at once
+                    raise errors.InvalidArgument(
+                        "GradientWithHooks takes only hook replies after its `start` message; got "
+                        + ("an empty message" if kind is None else f"a '{kind}' message"))
+                channel.replies.put(message.reply)
+        except errors.SemigradError as e:  # a protocol fault, or the deadline while waiting for the client
+            channel.fail(e)
         except Exception:  # the client went away: the reader sees _CLOSED
             channel.close()
         else:
             channel.end()
 
     context.add_callback(channel.close)
-    threading.Thread(target=work, name="semigrad-hook-run", daemon=True).start()
+    threading.Thread(target=deadline.context_of(bound).run, args=(work,), name="semigrad-hook-run",
+                     daemon=True).start()
     threading.Thread(target=pump, name="semigrad-hook-replies", daemon=True).start()
     while True:
         kind, item = channel.outgoing.get()

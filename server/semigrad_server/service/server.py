@@ -47,8 +47,10 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
     options = [("grpc.max_receive_message_length", limits.max_message_bytes),
                ("grpc.max_send_message_length", limits.max_message_bytes),
                ("grpc.so_reuseport", int(reuse_port))]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="semigrad"),
-                         options=options)
+    # Streaming calls (at most limits.max_streams at once, streams.py) get threads of their own, so
+    # that `threads` are always left for unary calls and health checks.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads + limits.max_streams,
+                                                    thread_name_prefix="semigrad"), options=options)
     # The generated add_GraphServiceServicer_to_server, with request decoding that never raises (status.py).
     status.add_service(GraphServicer(engine, SharedMemory(enabled=shared_memory)), server,
                        SERVICE, pb)

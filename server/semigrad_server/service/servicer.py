@@ -10,7 +10,7 @@ import grpc
 from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 
-from .. import errors
+from .. import deadline, errors
 from ..engine import Engine
 from ..hooks.run import HookRun
 from ..inspect.describe import describe
@@ -23,6 +23,7 @@ from ..symbolic.formulas import symbolic_gradient
 from . import convert, status
 from .client_hooks import run_with_client_hooks
 from .shared_memory import SharedMemory
+from .streams import StreamSlots, pumped
 
 log = logging.getLogger("semigrad.rpc")
 
@@ -36,7 +37,8 @@ def rpc(method):
         start = time.perf_counter()
         code, detail = grpc.StatusCode.OK, ""
         try:
-            return method(self, status.decoded(request), context)
+            with deadline.serving(self.bound(context)):
+                return method(self, status.decoded(request), context)
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             code, detail = status.status_of(e, method.__name__)
         finally:
@@ -52,17 +54,20 @@ def _graph_of(request) -> str:
     return status.bounded(graph_id, 80) if graph_id else "-"
 
 
-def deadline_of(context: grpc.ServicerContext) -> float | None:
-    remaining = context.time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
-
-
 class GraphServicer(pb_grpc.GraphServiceServicer):
     """`shared_memory`: the worker's view of same-host clients' shared-memory regions (default: enabled)."""
 
     def __init__(self, engine: Engine, shared_memory: SharedMemory | None = None):
         self.engine = engine
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemory()
+        self.streams = StreamSlots(engine.limits)
+
+    def bound(self, context: grpc.ServicerContext) -> deadline.Bound:
+        """The call's time bound: the client's deadline, or the server's default (and cap)
+        max_request_seconds; ended at once when the call ends (cancelled, the client gone)."""
+        bound = deadline.start(context.time_remaining(), self.engine.limits.max_request_seconds)
+        context.add_callback(bound.cancel)
+        return bound
 
     @rpc
     def RegisterGraph(self, request, context):
@@ -83,31 +88,33 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             spec = convert.evaluate_spec(request, shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
             with results_in(writer.allocate if writer is not None else None):
-                outputs, nodes = self.engine.run_evaluate(spec, deadline_of(context))
+                outputs, nodes = self.engine.run_evaluate(spec, deadline.deadline())
             return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs, writer),
                                        nodes=convert.arrays_to_tensors(nodes, writer))
 
     @rpc
     def Gradient(self, request, context):
-        return self._gradient(request, deadline_of(context))
+        return self._gradient(request, deadline.deadline())
 
-    def _gradient(self, request, deadline, hook_run=None):
+    def _gradient(self, request, until, hook_run=None):
         with self.shared_memory.session() as shared:
             spec = convert.gradient_spec(request, shared)
             if not request.HasField("output_region"):
-                return convert.gradient_response(self.engine.run_gradient(spec, deadline, hook_run))
+                return convert.gradient_response(self.engine.run_gradient(spec, until, hook_run))
             writer = shared.writer(request.output_region)
             with results_in(writer.allocate):
-                result = self.engine.run_gradient(spec, deadline, hook_run)
+                result = self.engine.run_gradient(spec, until, hook_run)
             return convert.gradient_response(result, writer)
 
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK
         detail = ""
         try:
-            yield from run_with_client_hooks(
-                status.decoded_stream(request_iterator), context,
-                lambda request, channel: self._gradient(request, deadline_of(context), HookRun(client=channel)))
+            bound = self.bound(context)
+            with self.streams.taken(context.peer(), "GradientWithHooks"):
+                yield from run_with_client_hooks(
+                    status.decoded_stream(pumped(request_iterator, bound, "GradientWithHooks")), context, bound,
+                    lambda request, channel: self._gradient(request, bound.deadline, HookRun(client=channel)))
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             code, detail = status.status_of(e, "GradientWithHooks")
         finally:
@@ -123,30 +130,39 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
     def GradientStream(self, request_iterator, context):
         """Each chunk is answered in order; a failing chunk carries its status and the stream goes
         on. A message that does not decode ends the stream with INVALID_ARGUMENT."""
-        start, done, failed = time.perf_counter(), 0, 0
+        start, counts = time.perf_counter(), [0, 0]
         code, detail = grpc.StatusCode.OK, ""
         try:
-            for message in status.decoded_stream(request_iterator):
-                if not context.is_active():
-                    break
-                try:
-                    response = pb.GradientStreamResponse(chunk=message.chunk,
-                                                         response=self._gradient(message.request, deadline_of(context)))
-                except Exception as e:  # noqa: BLE001 - reported in the chunk; the stream and the server go on
-                    failed += 1
-                    chunk_code, chunk_detail = status.status_of(e, f"GradientStream chunk {message.chunk}")
-                    response = pb.GradientStreamResponse(chunk=message.chunk, code=chunk_code.value[0],
-                                                         message=chunk_detail)
-                done += 1
-                yield response
+            bound = self.bound(context)
+            with self.streams.taken(context.peer(), "GradientStream"):
+                yield from self._chunks(status.decoded_stream(pumped(request_iterator, bound, "GradientStream")),
+                                        bound, context, counts)
         except Exception as e:  # noqa: BLE001 - the stream itself failed (a message that does not decode)
             code, detail = status.status_of(e, "GradientStream")
         finally:
+            done, failed = counts
             log.info("rpc=GradientStream chunks=%d failed=%d status=%s ms=%.2f%s", done, failed,
                      code.name if code != grpc.StatusCode.OK or context.is_active() else "CANCELLED",
                      (time.perf_counter() - start) * 1e3, f" detail={detail!r}" if detail else "")
         if code != grpc.StatusCode.OK:
             context.abort(code, detail)
+
+    def _chunks(self, messages, bound, context, counts: list[int]):
+        """The stream's responses, one per chunk; counts: [chunks answered, chunks failed]."""
+        for message in messages:
+            if not context.is_active():
+                break
+            try:
+                with deadline.serving(bound):
+                    response = pb.GradientStreamResponse(chunk=message.chunk,
+                                                         response=self._gradient(message.request, bound.deadline))
+            except Exception as e:  # noqa: BLE001 - reported in the chunk; the stream and the server go on
+                counts[1] += 1
+                chunk_code, chunk_detail = status.status_of(e, f"GradientStream chunk {message.chunk}")
+                response = pb.GradientStreamResponse(chunk=message.chunk, code=chunk_code.value[0],
+                                                     message=chunk_detail)
+            counts[0] += 1
+            yield response
 
     @rpc
     def ListSemirings(self, request, context):
@@ -161,13 +177,13 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             rtol=request.rtol if request.HasField("rtol") else None,
             step=request.step if request.HasField("step") else None, richardson=request.richardson,
             semiring=request.semiring, semiring_params=convert.params_from_proto(request.semiring_params),
-            localize=request.localize, deadline=deadline_of(context))
+            localize=request.localize, deadline=deadline.deadline())
         return convert.crosscheck_response(report)
 
     @rpc
     def SymbolicGradient(self, request, context):
         result = symbolic_gradient(self.engine, request.graph_id, wrt=list(request.wrt), outputs=list(request.outputs),
-                                   simplify=not request.no_simplify, deadline=deadline_of(context))
+                                   simplify=not request.no_simplify, deadline=deadline.deadline())
         return convert.symbolic_gradient_response(result)
 
     @rpc
@@ -183,7 +199,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                    semiring=request.semiring, semiring_params=convert.params_from_proto(request.semiring_params),
                    wrt=list(request.wrt), values=convert.tensors_to_arrays(request.values, "value"),
                    gradients=convert.tensors_to_arrays(request.gradients, "gradient"),
-                   highlight=[(e.node, tuple(e.index)) for e in request.highlight], deadline=deadline_of(context))
+                   highlight=[(e.node, tuple(e.index)) for e in request.highlight], deadline=deadline.deadline())
         return pb.DrawGraphResponse(dot=dot)
 
     @rpc

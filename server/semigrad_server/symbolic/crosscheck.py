@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..deadline import check, interruptibly
 from ..errors import FailedPrecondition, InvalidArgument, quoted
 from ..runtime import Plan
 from .compare import ATOL, RTOL, within, worst
@@ -126,13 +127,16 @@ def crosscheck(engine, graph_id: str, inputs: Mapping[str, np.ndarray], *, wrt: 
     runners = {
         "reverse": lambda: _reverse(engine, cg, point, wrt, outputs, deadline) if real
         else _semiring_reverse(engine, cg, point, wrt, outputs, s, semiring_params, deadline),
-        "symbolic": lambda: _symbolic(cg, point, wrt, outputs, deadline),
-        "complex_step": lambda: _complex_step(cg, point, wrt, outputs),
+        "symbolic": lambda: interruptibly("cross-checking: the symbolic gradient", _symbolic, cg, point, wrt,
+                                          outputs, deadline),
+        "complex_step": lambda: interruptibly("cross-checking: complex steps", _complex_step, cg, point, wrt,
+                                              outputs),
         "finite_difference": lambda: _finite_difference(engine, cg, point, wrt, outputs, step, richardson, deadline),
         "path_enumeration": lambda: _path_enumeration(engine, cg, point, wrt, outputs, s),
     }
     results = []
     for method in chosen:
+        check(f"cross-checking, before the method '{method}'")
         start = time.perf_counter()
         result = runners[method]()
         result.seconds = time.perf_counter() - start

@@ -17,6 +17,7 @@ import numpy as np
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
+from ..deadline import interruptibly
 from .expand import element_name
 from .gradient import SymbolicJacobian, simplified, sympy_failures, symbolic_jacobian
 from .numeric import HELPERS, Printer, helper_source
@@ -51,6 +52,10 @@ def symbolic_gradient(engine, graph_id: str, wrt: Sequence[str] = (), outputs: S
     cg = engine.get(graph_id)
     outputs = select_outputs(cg, outputs)
     wrt = cg.wrt_inputs(wrt)
+    return interruptibly("computing the symbolic gradient", _formulas_of, cg, outputs, wrt, simplify, deadline)
+
+
+def _formulas_of(cg, outputs, wrt, simplify, deadline) -> Formulas:
     jac = symbolic_jacobian(cg, outputs, wrt, deadline=deadline)
     with sympy_failures("the formulas"):
         return formulas(cg, jac, simplify)

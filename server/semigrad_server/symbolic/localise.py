@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .. import deadline
 from ..autodiff.local_jacobian import local_jacobian
 from ..autodiff.reverse import active_nodes
 from ..ir import Graph, InputSpec, Node
@@ -68,6 +69,7 @@ def check_nodes(engine, cg, point: Mapping[str, np.ndarray], wrt: Sequence[str],
                 check.checked, check.detail = False, (f"skipped: local Jacobian of {out_t.size}×{in_t.size} "
                                                       f"elements (limit {MAX_LOCAL_JACOBIAN})")
                 continue
+            deadline.check(f"localising the disagreement, at node '{node.id}'")
             operands = [values[r] for r in node.inputs]
             with np.errstate(all="ignore"):
                 analytic = local_jacobian(cg, node, pos, operands)

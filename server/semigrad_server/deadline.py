@@ -1,0 +1,220 @@
+"""The time bound of the request a thread is serving, seen by every long phase.
+
+The service opens a `Bound` for each call (the client's deadline, or the server's default,
+and a flag the client's cancellation sets) and makes it current with `serving`. Below it:
+
+* loops that can look at the clock call `check(where)` (a context variable read and a clock
+  read: cheap enough for every step of a plan, every traced path, every parsed token);
+* phases whose time goes into library code that cannot look (SymPy, building and scalarising
+  a plan) run through `interruptibly(what, fn)`: a watchdog thread raises `Interrupted` in the
+  thread at the deadline or at the client's cancellation, at the next Python bytecode
+  (CPython's asynchronous exceptions, as for KeyboardInterrupt). A region may only build
+  fresh objects: nothing shared may be half-updated when it is left that way; caches are
+  filled after the region ends. Long calls into C (one NumPy kernel) cannot be interrupted;
+  their size is bounded before they start (limits.py).
+
+`Interrupted` derives from BaseException so that `except Exception` in library code cannot
+swallow it; the region turns it into DeadlineExceeded or Cancelled naming the phase.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ctypes
+import heapq
+import itertools
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
+
+from .errors import Cancelled, DeadlineExceeded
+
+T = TypeVar("T")
+
+
+class Interrupted(BaseException):
+    """Raised asynchronously inside an interruptible region; never escapes the region."""
+
+
+class Bound:
+    """A request's deadline (time.monotonic() seconds) and whether its client cancelled."""
+
+    __slots__ = ("deadline", "cancelled", "regions")
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.cancelled = False
+        self.regions: list[_Region] = []  # armed regions (under _LOCK)
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def expired(self) -> bool:
+        return self.cancelled or time.monotonic() > self.deadline
+
+    def error(self, where: str):
+        if self.cancelled and time.monotonic() <= self.deadline:
+            return Cancelled(f"the client cancelled the call {where}")
+        return DeadlineExceeded(f"deadline exceeded {where}")
+
+    def check(self, where: str) -> None:
+        if self.cancelled or time.monotonic() > self.deadline:
+            raise self.error(where)
+
+    def cancel(self, *_) -> None:
+        """The call ended (the client cancelled, went away, or its deadline passed): stop its
+        work now. Safe from any thread."""
+        self.cancelled = True
+        with _LOCK:
+            for region in list(self.regions):
+                region.fire()
+
+
+CURRENT: contextvars.ContextVar[Bound | None] = contextvars.ContextVar("semigrad_bound", default=None)
+
+
+def current() -> Bound | None:
+    return CURRENT.get()
+
+
+def check(where: str) -> None:
+    """DeadlineExceeded (or Cancelled) naming `where` once the current request's bound has passed."""
+    bound = CURRENT.get()
+    if bound is not None and (bound.cancelled or time.monotonic() > bound.deadline):
+        raise bound.error(where)
+
+
+def deadline() -> float | None:
+    """The current request's deadline (time.monotonic() seconds), or None outside a request."""
+    bound = CURRENT.get()
+    return None if bound is None else bound.deadline
+
+
+def start(seconds: float | None, default: float) -> Bound:
+    """A bound `seconds` from now (a client's deadline), or `default` seconds (the server's
+    default and cap) when there is none or it is later."""
+    return Bound(time.monotonic() + (default if seconds is None else min(seconds, default)))
+
+
+@contextmanager
+def serving(bound: Bound | None) -> Iterator[Bound | None]:
+    """Make `bound` the current request's bound in this thread (and in contexts copied from it)."""
+    token = CURRENT.set(bound)
+    try:
+        yield bound
+    finally:
+        CURRENT.reset(token)
+
+
+# ---------------------------------------------------------------- interruptible regions
+
+_LOCK = threading.Lock()
+_ACTIVE = threading.local()  # .region: the armed region of this thread, if any
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+_clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+
+
+class _Region:
+    __slots__ = ("thread", "bound", "armed", "fired")
+
+    def __init__(self, thread: int, bound: Bound):
+        self.thread, self.bound, self.armed, self.fired = thread, bound, True, False
+
+    def fire(self) -> None:
+        """(_LOCK held) Raise Interrupted in the region's thread, once, if it is still inside."""
+        if self.armed and not self.fired:
+            self.fired = True
+            _set_async_exc(self.thread, Interrupted)
+
+    def disarm(self) -> None:
+        """Leave the region: after this no Interrupted is raised, and none is pending."""
+        while True:
+            try:
+                with _LOCK:
+                    self.armed = False
+                    if self in self.bound.regions:
+                        self.bound.regions.remove(self)
+                if self.fired:
+                    _clear_async_exc(self.thread, None)
+                return
+            except Interrupted:  # delivered while leaving: the work is done, drop it
+                continue
+
+
+class _Watchdog:
+    """One daemon thread firing armed regions at their bound's deadline."""
+
+    def __init__(self):
+        self._heap: list[tuple[float, int, _Region]] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition(_LOCK)
+        self._thread: threading.Thread | None = None
+
+    def arm(self, region: _Region) -> None:
+        with _LOCK:
+            region.bound.regions.append(region)
+            heapq.heappush(self._heap, (region.bound.deadline, next(self._order), region))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="semigrad-deadlines", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+            if region.bound.cancelled:
+                region.fire()
+
+    def _run(self) -> None:
+        with _LOCK:
+            while True:
+                while self._heap and not self._heap[0][2].armed:
+                    heapq.heappop(self._heap)  # left already
+                if not self._heap:
+                    self._wake.wait()
+                    continue
+                due = self._heap[0][0] - time.monotonic()
+                if due > 0:
+                    self._wake.wait(due)
+                    continue
+                heapq.heappop(self._heap)[2].fire()
+
+
+_WATCHDOG = _Watchdog()
+
+
+def interruptibly(what: str, fn: Callable[..., T], *args, **kwargs) -> T:
+    """`fn(*args, **kwargs)`, stopped (DeadlineExceeded or Cancelled naming `what`) within
+    moments of the current request's deadline or cancellation, even inside library code.
+    Outside a request it is a plain call; inside another region of this thread, the outer
+    region interrupts. (A function, not a context manager: an asynchronous exception landing
+    as a context manager's __exit__ starts would escape the `with`.)"""
+    bound = CURRENT.get()
+    if bound is None:
+        return fn(*args, **kwargs)
+    bound.check(what)
+    if getattr(_ACTIVE, "region", None) is not None:
+        try:
+            return fn(*args, **kwargs)
+        except Interrupted:
+            raise bound.error(what) from None
+    region = _Region(threading.get_ident(), bound)
+    try:
+        try:
+            _ACTIVE.region = region
+            _WATCHDOG.arm(region)
+            return fn(*args, **kwargs)
+        finally:
+            region.disarm()
+            _ACTIVE.region = None
+    except Interrupted:  # fired once, so no other is pending; leaving is idempotent
+        region.disarm()
+        _ACTIVE.region = None
+        raise bound.error(what) from None
+
+
+def context_of(bound: Bound | None) -> contextvars.Context:
+    """A copy of this thread's context with `bound` current: run a request's work on another
+    thread with `threading.Thread(target=context_of(bound).run, args=(work,))`."""
+    context = contextvars.copy_context()
+    context.run(CURRENT.set, bound)
+    return context

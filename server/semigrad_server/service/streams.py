@@ -1,0 +1,77 @@
+"""Streaming calls cannot starve a worker: a bounded number run at once (per worker and per
+client connection, RESOURCE_EXHAUSTED past either), on threads of their own (server.py adds
+`max_streams` threads to the pool, so unary calls and health checks always find one), and a
+stream waiting for its client's next message ends at the call's deadline (the server's
+default when the client set none) instead of holding its thread for ever."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+from ..deadline import Bound
+from ..errors import ResourceExhausted
+from ..limits import Limits
+
+
+class StreamSlots:
+    """Counts the streaming calls in flight, in all and per peer (one HTTP/2 connection)."""
+
+    def __init__(self, limits: Limits):
+        self.total = limits.max_streams
+        self.per_connection = limits.max_streams_per_connection
+        self._running = 0
+        self._by_peer: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def taken(self, peer: str, method: str):
+        """Hold a slot for the body; RESOURCE_EXHAUSTED at once when there is none."""
+        with self._lock:
+            if self._running >= self.total:
+                raise ResourceExhausted(f"{method}: this worker is serving {self._running} streams already "
+                                        f"(limit max_streams = {self.total}); retry later")
+            mine = self._by_peer.get(peer, 0)
+            if mine >= self.per_connection:
+                raise ResourceExhausted(f"{method}: this connection has {mine} streams open already "
+                                        f"(limit max_streams_per_connection = {self.per_connection})")
+            self._running += 1
+            self._by_peer[peer] = mine + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+                left = self._by_peer[peer] - 1
+                if left:
+                    self._by_peer[peer] = left
+                else:
+                    del self._by_peer[peer]
+
+
+def pumped(messages: Iterable, bound: Bound, what: str) -> Iterator:
+    """The client's messages, read on a thread of their own so that waiting for the next one
+    ends (DeadlineExceeded) when `bound` passes. The reader ends with the call."""
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read():
+        try:
+            for message in messages:
+                inbox.put((True, message))
+            inbox.put((False, None))
+        except Exception as e:  # noqa: BLE001 - grpc ends the iterator so when the call ends
+            inbox.put((False, e))
+
+    threading.Thread(target=read, name="semigrad-stream-reader", daemon=True).start()
+    while True:
+        try:
+            more, item = inbox.get(timeout=max(0.0, bound.remaining()))
+        except queue.Empty:
+            raise bound.error(f"waiting for the client's next message on {what}") from None
+        if not more:
+            if item is not None:
+                raise item
+            return
+        yield item
