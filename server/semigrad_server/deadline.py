@@ -40,15 +40,23 @@ class Interrupted(BaseException):
 class Bound:
     """A request's deadline (time.monotonic() seconds) and whether its client cancelled."""
 
-    __slots__ = ("deadline", "cancelled", "regions")
+    __slots__ = ("deadline", "cancelled", "cancelled_at", "regions")
 
     def __init__(self, deadline: float):
         self.deadline = deadline
         self.cancelled = False
+        self.cancelled_at = float("inf")
         self.regions: list[_Region] = []  # armed regions (under _LOCK)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
+
+    def overrun(self) -> float | None:
+        """Seconds since the bound ended (its deadline, or the cancellation if sooner), or None
+        while it holds: how long work went on past it."""
+        ended = min(self.deadline, self.cancelled_at)
+        now = time.monotonic()
+        return now - ended if now > ended else None
 
     def expired(self) -> bool:
         return self.cancelled or time.monotonic() > self.deadline
@@ -62,10 +70,15 @@ class Bound:
         if self.cancelled or time.monotonic() > self.deadline:
             raise self.error(where)
 
-    def cancel(self, *_) -> None:
-        """The call ended (the client cancelled, went away, or its deadline passed): stop its
-        work now. Safe from any thread."""
-        self.cancelled = True
+    def cancel(self, *_, deadline_passed: bool = False) -> None:
+        """The call ended (the client cancelled or went away; or its deadline passed, as gRPC
+        counts it: then the deadline is now): stop its work now. Safe from any thread."""
+        now = time.monotonic()
+        if deadline_passed:
+            self.deadline = min(self.deadline, now)
+        else:
+            self.cancelled_at = min(self.cancelled_at, now)
+            self.cancelled = True
         with _LOCK:
             for region in list(self.regions):
                 region.fire()

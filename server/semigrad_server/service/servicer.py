@@ -26,6 +26,7 @@ from .shared_memory import SharedMemory
 from .streams import StreamSlots, pumped
 
 log = logging.getLogger("semigrad.rpc")
+DEADLINE_SKEW = 0.05  # seconds: a call gRPC ends this close to its deadline ended by the deadline
 
 
 def rpc(method):
@@ -36,17 +37,24 @@ def rpc(method):
     def handler(self, request, context: grpc.ServicerContext):
         start = time.perf_counter()
         code, detail = grpc.StatusCode.OK, ""
+        bound = self.bound(context)
         try:
-            with deadline.serving(self.bound(context)):
+            with deadline.serving(bound):
                 return method(self, status.decoded(request), context)
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             code, detail = status.status_of(e, method.__name__)
         finally:
-            log.info("rpc=%s graph=%s status=%s ms=%.2f%s", method.__name__, _graph_of(request), code.name,
-                     (time.perf_counter() - start) * 1e3, f" detail={detail!r}" if detail else "")
+            log.info("rpc=%s graph=%s status=%s ms=%.2f%s%s", method.__name__, _graph_of(request), code.name,
+                     (time.perf_counter() - start) * 1e3, _overrun(bound), f" detail={detail!r}" if detail else "")
         context.abort(code, detail)
 
     return handler
+
+
+def _overrun(bound: deadline.Bound) -> str:
+    """" overrun_ms=…" when the call's work went on past its deadline or cancellation (by how long)."""
+    late = bound.overrun()
+    return "" if late is None else f" overrun_ms={late * 1e3:.1f}"
 
 
 def _graph_of(request) -> str:
@@ -66,12 +74,18 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         """The call's time bound: the client's deadline, or the server's default (and cap)
         max_request_seconds; ended at once when the call ends (cancelled, the client gone)."""
         bound = deadline.start(context.time_remaining(), self.engine.limits.max_request_seconds)
-        context.add_callback(bound.cancel)
+
+        def ended():
+            remaining = context.time_remaining()
+            bound.cancel(deadline_passed=remaining is not None and remaining <= DEADLINE_SKEW)
+
+        context.add_callback(ended)
         return bound
 
     @rpc
     def RegisterGraph(self, request, context):
-        cg, created = self.engine.register(convert.graph_from_proto(request.graph))
+        cg, created = self.engine.register(deadline.interruptibly("reading the graph", convert.graph_from_proto,
+                                                                  request.graph))
         return pb.RegisterGraphResponse(graph_id=cg.id, created=created, types=convert.node_types(cg.types),
                                         custom_ops=[convert.op_info(op) for op in custom_ops(cg.registry)])
 
@@ -109,8 +123,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK
         detail = ""
+        bound = self.bound(context)
         try:
-            bound = self.bound(context)
             with self.streams.taken(context.peer(), "GradientWithHooks"):
                 yield from run_with_client_hooks(
                     status.decoded_stream(pumped(request_iterator, bound, "GradientWithHooks")), context, bound,
@@ -118,8 +132,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             code, detail = status.status_of(e, "GradientWithHooks")
         finally:
-            log.info("rpc=GradientWithHooks status=%s ms=%.2f%s", code.name, (time.perf_counter() - start) * 1e3,
-                     f" detail={detail!r}" if detail else "")
+            log.info("rpc=GradientWithHooks status=%s ms=%.2f%s%s", code.name, (time.perf_counter() - start) * 1e3,
+                     _overrun(bound), f" detail={detail!r}" if detail else "")
         if code != grpc.StatusCode.OK:
             context.abort(code, detail)
 
@@ -132,8 +146,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         on. A message that does not decode ends the stream with INVALID_ARGUMENT."""
         start, counts = time.perf_counter(), [0, 0]
         code, detail = grpc.StatusCode.OK, ""
+        bound = self.bound(context)
         try:
-            bound = self.bound(context)
             with self.streams.taken(context.peer(), "GradientStream"):
                 yield from self._chunks(status.decoded_stream(pumped(request_iterator, bound, "GradientStream")),
                                         bound, context, counts)
@@ -141,9 +155,9 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             code, detail = status.status_of(e, "GradientStream")
         finally:
             done, failed = counts
-            log.info("rpc=GradientStream chunks=%d failed=%d status=%s ms=%.2f%s", done, failed,
+            log.info("rpc=GradientStream chunks=%d failed=%d status=%s ms=%.2f%s%s", done, failed,
                      code.name if code != grpc.StatusCode.OK or context.is_active() else "CANCELLED",
-                     (time.perf_counter() - start) * 1e3, f" detail={detail!r}" if detail else "")
+                     (time.perf_counter() - start) * 1e3, _overrun(bound), f" detail={detail!r}" if detail else "")
         if code != grpc.StatusCode.OK:
             context.abort(code, detail)
 
