@@ -27,7 +27,7 @@ from ..runtime.compiled import compile_executable
 from ..runtime.outputs import OutputKey
 from ..semiring.loader import SemiringRegistry, default_registry
 from ..store import MemoryStore, SqliteStore
-from .execution import check_work, checked_backend, compile_kind, run_plan
+from .execution import MemoryBudget, check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
 from .graphs import Batch, CompiledGraph, compile_graph
 from .remembered import CheckedGradient, result_slot
@@ -54,6 +54,7 @@ class Engine:
         self.semirings = semirings or default_registry()
         self.hooks = hooks or default_hooks()
         self.store: MemoryStore[CompiledGraph] = MemoryStore(self.limits.max_graphs)
+        self.memory = MemoryBudget(self.limits.max_memory_bytes)  # held by the requests in flight
         self.persistent = persistent
 
     # ------------------------------------------------------------ registration
@@ -110,7 +111,7 @@ class Engine:
             [(OutputKey.output(n), cg.graph.output_map[n]) for n in names]
             + [(OutputKey.value(r), r) for r in spec.nodes],
             registry=cg.registry, attrs=cg.attrs, backend=backend))
-        results = run_plan(plan, batch, deadline, backend, self.limits)
+        results = run_plan(plan, batch, deadline, backend, self.limits, self.memory)
         out = {n: full(results[OutputKey.output(n)], batch.shape, cg.types[cg.graph.output_map[n]]) for n in names}
         node_values = {r: full(results[OutputKey.value(r)], batch.shape, cg.types[r]) for r in spec.nodes}
         return out, node_values
@@ -169,8 +170,8 @@ class Engine:
                 tuple(result_slot(x, OutputKey.gradient(x) if gradients[x] is not None else None, cg.types[x],
                                   batch.shape) for x in wrt),
                 tuple(result_slot(n, OutputKey.output(n), cg.types[cg.graph.output_map[n]], batch.shape)
-                      for n in names) if spec.return_outputs else ())
-            check_work(compiled.plan, batch.shape, self.limits)  # the same for every repeat of this signature
+                      for n in names) if spec.return_outputs else (),
+                check_work(compiled.plan, batch.shape, self.limits))  # the same for every repeat of this signature
             cg.remembered.remember(memo, checked)
             return self.plain_gradient(checked, batch.arrays, deadline, backend)
         run = hook_run or HookRun()
@@ -179,11 +180,11 @@ class Engine:
             if slots:
                 token = hooks_run.CURRENT.set(run)
                 try:
-                    results = run_plan(compiled.plan, batch, deadline, backend, self.limits)
+                    results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
                 finally:
                     hooks_run.CURRENT.reset(token)
             else:
-                results = run_plan(compiled.plan, batch, deadline, backend, self.limits)
+                results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
         return gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
 
     def plain_gradient(self, checked: CheckedGradient, inputs: Mapping[str, np.ndarray], deadline: float | None,
@@ -191,8 +192,9 @@ class Engine:
         """The short path: a plain request whose signature passed every check before. Only its
         time bound is left to set."""
         bound = time.monotonic() + self.limits.max_request_seconds  # time_bound(), inline: no call
-        results = checked.compiled.plan.run(inputs, bound if deadline is None else min(deadline, bound), backend,
-                                            checked.shape)
+        with self.memory.reserved_for(checked.bytes):
+            results = checked.compiled.plan.run(inputs, bound if deadline is None else min(deadline, bound), backend,
+                                                checked.shape)
         result = GradientResult()
         for slots, arrays in ((checked.gradients, result.gradients), (checked.outputs, result.outputs)):
             for name, key, t, shape, dtype in slots:

@@ -3,7 +3,9 @@ time bound."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
 
 from ..errors import InvalidArgument, ResourceExhausted, quoted
@@ -30,18 +32,53 @@ def time_bound(deadline: float | None, limits: Limits) -> float:
     return min(deadline, bound) if deadline is not None else bound
 
 
-def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> None:
+def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> int:
     """RESOURCE_EXHAUSTED unless running `plan` over the batch (batch items × elements per item)
-    is within the limit."""
+    is within the limit, and the memory it would hold at once within max_request_bytes; returns
+    that memory (bytes)."""
     items = math.prod(batch_shape)
     work = items * plan.item_elements
     if work > limits.max_request_elements:
         raise ResourceExhausted(
             f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item); "
             f"the limit is {limits.max_request_elements}: send smaller batches")
+    needed = items * plan.item_bytes
+    if needed > limits.max_request_bytes:
+        at = f" (at node '{plan.peak_node}')" if plan.peak_node else ""
+        raise ResourceExhausted(
+            f"request would hold {needed} bytes at once{at}: {items} batch items × {plan.item_bytes} bytes per item; "
+            f"the budget is max_request_bytes = {limits.max_request_bytes}: send smaller batches")
+    return needed
 
 
-def run_plan(plan, batch: Batch, deadline: float | None, backend: str, limits: Limits) -> dict:
-    """`plan` over the batch, once its work is within the limit."""
-    check_work(plan, batch.shape, limits)
-    return plan.run(batch.arrays, time_bound(deadline, limits), backend, batch.shape)
+class MemoryBudget:
+    """The memory a worker's requests in flight may hold together (their estimates, reserved
+    before they run): past it a request is RESOURCE_EXHAUSTED instead of pushing the worker
+    into swap or the OOM killer."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.reserved = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def reserved_for(self, needed: int):
+        with self._lock:
+            if self.reserved + needed > self.limit:
+                held = self.reserved
+                raise ResourceExhausted(
+                    f"request would hold {needed} bytes while requests in flight hold {held}: the worker's budget "
+                    f"is max_memory_bytes = {self.limit}; retry later or send smaller batches")
+            self.reserved += needed
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.reserved -= needed
+
+
+def run_plan(plan, batch: Batch, deadline: float | None, backend: str, limits: Limits,
+             memory: MemoryBudget) -> dict:
+    """`plan` over the batch, once its work and memory are within the limits."""
+    with memory.reserved_for(check_work(plan, batch.shape, limits)):
+        return plan.run(batch.arrays, time_bound(deadline, limits), backend, batch.shape)

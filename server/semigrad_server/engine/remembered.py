@@ -37,6 +37,7 @@ class CheckedGradient:
     shape: tuple[int, ...]  # the batch shape
     gradients: tuple[ResultSlot, ...]
     outputs: tuple[ResultSlot, ...]  # the forward values returned, if asked for
+    bytes: int = 0  # the memory a run holds at once (check_work's estimate)
 
 
 def result_slot(name: str, key: OutputKey | None, t: Type, batch_shape: tuple[int, ...]) -> ResultSlot:

@@ -41,6 +41,10 @@ class ScalarExecutable:
         self.jit_refusal = "it computes in a plugin semiring" if semiring is not None else JitProgram.refusal(program)
         self.jit = JitProgram(program) if self.jit_refusal is None else None
         self.item_elements = max(1, program.n_vars)  # scalars per item: the work and memory bound
+        # every variable is a row of the batch, held to the end, and the outputs are stacked into
+        # arrays of their own: the memory estimate per batch item
+        self.item_bytes = 8 * (self.item_elements + sum(ids.size for _, _, ids in program.outputs))
+        self.peak_node = ""
         self.single_calls = 0  # counted without a lock: a lost increment only delays the JIT
         self._single_kernel = None  # the JIT kernel for a single point, once compiled
 

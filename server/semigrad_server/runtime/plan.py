@@ -70,6 +70,7 @@ class Plan:
             slots[node.id] = len(slots)
         for duplicate, original in same_as.items():
             slots[duplicate] = slots[original]
+        self._slot_refs = dict(slots)
         self.output_slots = [(name, slots[ref]) for name, ref in outputs]
         self.output_slot_set = frozenset(slot for _, slot in self.output_slots)
         self.n_slots = len(slots)
@@ -141,6 +142,34 @@ class Plan:
                            for i, s in enumerate(steps))
         self.constants = tuple((slot, value) for slot, value in folded.items()
                                if slot in {a for step in steps for a in step.args} | keep)
+        self.item_bytes, self.peak_node = self._peak_bytes(types)
+
+    def _peak_bytes(self, types: Mapping[str, Type]) -> tuple[int, str]:
+        """The most bytes per batch item the run holds at once (inputs, live values, the result
+        being computed; buffers freed after their last use), and the node computed at that
+        moment: the memory estimate a request is checked against before it runs (constant
+        results count too: they are spread over the batch when returned)."""
+        size = {}
+        for ref, slot in self._slot_refs.items():
+            t = types[ref]
+            size[slot] = max(size.get(slot, 0), t.size * np.dtype(t.dtype).itemsize)
+        folded = {slot for slot, _ in self.constants}
+        live = {slot for _, slot in self.input_slots}
+        held = sum(size[slot] for slot in live)
+        peak, at = held, self.steps[0].node_id if self.steps else ""
+        for step in self.steps:
+            if step.out not in live and step.out not in folded:
+                live.add(step.out)
+                held += size[step.out]
+            if held > peak:
+                peak, at = held, step.node_id
+            for slot in step.free:
+                if slot in live:
+                    live.discard(slot)
+                    held -= size[slot]
+        # results computed once (constants) are spread over the batch when returned
+        spread = sum(size[slot] for slot in {slot for _, slot in self.output_slots} & folded)
+        return max(peak + spread, 1), at
 
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
             backend: str = "tensor", shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:

@@ -1,0 +1,127 @@
+"""Cost before work (issue 13, item 5): a request's peak memory is estimated from shapes before
+anything is allocated, and a request over max_request_bytes, or over what the worker's
+requests in flight leave of max_memory_bytes, is RESOURCE_EXHAUSTED naming the node and the
+budget. The issue's case: a 16 KB Evaluate (`p: [1000, 1]`, `q: [1, 1000]`, `broadcast_to
+[100]`) grew a worker by 2.3 GB, within max_request_elements.
+
+The estimate is checked against a closed form (the bytes of the values a plan holds at its
+peak), and the worker's peak RSS (VmHWM of a real `semigrad serve` process) against the budget.
+"""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+import numpy as np
+import pytest
+from semigrad import codec
+from semigrad.v1 import semigrad_pb2 as pb
+from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
+from semigrad_server import errors
+from semigrad_server.engine import Engine
+from semigrad_server.limits import Limits
+from semigrad_server.service import convert
+from test_serve import serving
+from test_status_contract import graph, inp, node
+
+# p + q broadcast over the batch, then each item's sum spread to 100 elements and summed again.
+AMPLIFIER = graph([inp("p", []), inp("q", [])],
+                  [node("a", "add", "p", "q"), node("b", "broadcast_to", "a", shape=[100]), node("s", "sum", "b")],
+                  [("y", "s")])
+# At the peak (computing b) the plan holds a (8 bytes an item) and b (800); p and q are
+# freed after their last use: 808 bytes per batch item.
+ITEM_BYTES = 8 + 800
+MIB = 1 << 20
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory (VmHWM) in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def amplifying_request(gid: str, rows: int, columns: int) -> pb.EvaluateRequest:
+    return pb.EvaluateRequest(graph_id=gid, inputs={"p": codec.to_tensor(np.ones((rows, 1))),
+                                                    "q": codec.to_tensor(np.ones((1, columns)))})
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_the_amplifying_request_is_refused_before_it_allocates_and_a_fitting_one_stays_in_its_budget():
+    limits = Limits()
+    with serving() as (address, process):
+        with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 * MIB)]) as channel:
+            stub = pb_grpc.GraphServiceStub(channel)
+            gid = stub.RegisterGraph(pb.RegisterGraphRequest(graph=AMPLIFIER), timeout=30).graph_id
+            stub.Evaluate(amplifying_request(gid, 2, 2), timeout=30)  # compiled, warm
+            before = peak_rss(process.pid)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Evaluate(amplifying_request(gid, 1000, 1000), timeout=60)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+            details = info.value.details()
+            assert "'b'" in details and "max_request_bytes" in details and str(1000 * 1000 * ITEM_BYTES) in details
+            refused_growth = peak_rss(process.pid) - before
+            assert refused_growth < 64 * MIB, f"a refused request grew the worker by {refused_growth / MIB:.0f} MiB"
+
+            # 300,000 items: 242 MB estimated, within the budget: served, and the worker grows by
+            # no more than the budget (the estimate, plus the response's copies)
+            rows, columns = 300, 1000
+            estimate = rows * columns * ITEM_BYTES
+            assert estimate < limits.max_request_bytes
+            before = peak_rss(process.pid)
+            response = stub.Evaluate(amplifying_request(gid, rows, columns), timeout=120)
+            np.testing.assert_array_equal(codec.from_tensor(response.outputs["y"]), np.full((rows, columns), 200.0))
+            growth = peak_rss(process.pid) - before
+            assert growth <= limits.max_request_bytes, f"grew {growth / MIB:.0f} MiB, budget " \
+                                                       f"{limits.max_request_bytes / MIB:.0f} MiB"
+
+
+def registered(engine: Engine) -> str:
+    return engine.register(convert.graph_from_proto(AMPLIFIER))[0].id
+
+
+def items(n: int) -> dict:
+    return {"p": np.ones((n, 1)), "q": np.ones((1, 1))}
+
+
+def test_max_request_bytes_is_crossed_at_the_estimate():
+    engine = Engine(Limits(max_request_bytes=1000 * ITEM_BYTES))
+    gid = registered(engine)
+    out, _ = engine.evaluate(gid, items(1000), backend="tensor")
+    np.testing.assert_array_equal(out["y"], np.full((1000, 1), 200.0))
+    with pytest.raises(errors.ResourceExhausted) as info:
+        engine.evaluate(gid, items(1001), backend="tensor")
+    assert "'b'" in str(info.value) and f"max_request_bytes = {1000 * ITEM_BYTES}" in str(info.value)
+
+
+def test_max_memory_bytes_bounds_the_requests_in_flight_together():
+    engine = Engine(Limits(max_memory_bytes=1500 * ITEM_BYTES))
+    gid = registered(engine)
+    with engine.memory.reserved_for(1000 * ITEM_BYTES):  # another request in flight
+        engine.evaluate(gid, items(500), backend="tensor")  # 1,500 items' worth in all: within
+        with pytest.raises(errors.ResourceExhausted) as info:
+            engine.evaluate(gid, items(501), backend="tensor")
+        assert "max_memory_bytes" in str(info.value)
+        with pytest.raises(errors.ResourceExhausted):  # gradients too (at 8 bytes an item at least)
+            engine.gradient(gid, items(100_000), backend="tensor")
+    assert engine.memory.reserved == 0
+    engine.evaluate(gid, items(1500), backend="tensor")  # the other request ended
+    engine.gradient(gid, items(1500), backend="tensor")
+    with engine.memory.reserved_for(1500 * ITEM_BYTES - 1):  # the short path (a repeat) reserves too
+        with pytest.raises(errors.ResourceExhausted):
+            engine.gradient(gid, items(1500), backend="tensor")
+    engine.gradient(gid, items(1500), backend="tensor")
+
+
+def test_the_scalar_program_is_estimated_too():
+    """A scalar program holds every variable as a batch row to its end, and stacks the outputs."""
+    engine = Engine(Limits(max_request_bytes=1000 * 8 * 10))
+    gid = engine.register(convert.graph_from_proto(graph(
+        [inp("x", [2])], [node("s", "sin", "x"), node("t", "sum", "s")], [("y", "t")])))[0].id
+    engine.evaluate(gid, {"x": np.ones((100, 2))}, backend="scalar")
+    with pytest.raises(errors.ResourceExhausted) as info:
+        engine.evaluate(gid, {"x": np.ones((100_000, 2))}, backend="scalar")
+    assert "max_request_bytes" in str(info.value)
