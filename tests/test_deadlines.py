@@ -179,6 +179,22 @@ def test_a_symbolic_gradient_stops_at_the_deadline(stub, rpc_log):
     assert "symbolic gradient" in line
 
 
+def test_a_request_waits_for_a_jit_compile_only_until_its_deadline(stub, rpc_log):
+    """backend="jit" compiled on the request's thread for as long as numba took (7 ms an
+    instruction: minutes for large programs); now the compile runs in the background and the
+    request waits for it until its deadline."""
+    nodes, prev = [], "x"
+    for i in range(10):
+        nodes.append(node(f"n{i}", "sin" if i % 2 else "cos", prev))
+        prev = f"n{i}"
+    gid = register(stub, graph([inp("x", [30])], nodes + [node("s", "sum", prev)], [("y", "s")]))
+    request = pb.GradientRequest(graph_id=gid, inputs={"x": codec.to_tensor(np.linspace(0, 1, 30))}, backend="jit")
+    assert call_with_deadline(stub.Gradient, request, 0.5) == grpc.StatusCode.DEADLINE_EXCEEDED
+    line = server_line(rpc_log, "Gradient")
+    assert_stopped_in_time(line)
+    assert "JIT compile" in line
+
+
 def test_a_nested_custom_op_expression_registers_within_its_deadline(stub, rpc_log):
     """About 30 nested calls in a 200-character expression made RegisterGraph run 43-120 s."""
     for fn in ("sin", "exp", "tanh", "sigmoid", "log1p", "erf"):

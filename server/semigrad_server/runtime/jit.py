@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from .. import deadline
 from ..errors import FailedPrecondition
 from .allocation import result_array, results_in
 from .codegen import expression
@@ -52,6 +53,7 @@ TUNING_ITEMS = 2048
 # Background compiles run one at a time: a large program costs minutes of a core (det n=8, 5,578
 # instructions: ~40 s), and many hot graphs must not take every core from the requests.
 BACKGROUND_COMPILES = threading.Semaphore(1)
+WAIT_STEP = 0.02  # seconds between deadline checks while a request waits for a compile
 
 
 def readonly(a: np.ndarray) -> np.ndarray:
@@ -134,14 +136,18 @@ class JitProgram:
         return refusal(p.ops.values())
 
     def kernel(self, batched: tuple[bool, ...]) -> Kernel:
-        """The compiled kernel for this input pattern, compiling it now if needed; an op numba
-        cannot compile (a float form that is not numba code) is FAILED_PRECONDITION."""
-        pending = self._kernels.get(batched)
-        if isinstance(pending, threading.Thread):
-            pending.join()
-        with self._lock:
-            if batched not in self._kernels:
-                self._kernels[batched] = self._compiled_or_failure(batched)
+        """The compiled kernel for this input pattern, waiting for its compile if needed; an op
+        numba cannot compile (a float form that is not numba code) is FAILED_PRECONDITION. The
+        compile runs in the background (a large program takes minutes): a request waits for it
+        only until its deadline (DEADLINE_EXCEEDED), while the compile goes on for later calls."""
+        kernel = self._kernels.get(batched)
+        if kernel is None or isinstance(kernel, threading.Thread):
+            self.ready_kernel(batched)
+            pending = self._kernels.get(batched)
+            while isinstance(pending, threading.Thread) and pending.is_alive():
+                deadline.check("waiting for the JIT compile of this program (it goes on in the background: "
+                               "a later call finds it compiled)")
+                pending.join(WAIT_STEP)
             kernel = self._kernels[batched]
         if isinstance(kernel, CompileFailure):
             raise FailedPrecondition(f"the jit backend cannot compile this program: {kernel}")
