@@ -125,3 +125,33 @@ def test_the_scalar_program_is_estimated_too():
     with pytest.raises(errors.ResourceExhausted) as info:
         engine.evaluate(gid, {"x": np.ones((100_000, 2))}, backend="scalar")
     assert "max_request_bytes" in str(info.value)
+
+
+def test_max_request_operations_counts_a_matmuls_products():
+    """[20, 30] @ [30, 10] is 20 × 10 × 30 = 6,000 products an item, its sum 200 more: a request
+    is refused past the limit before it runs, not for its elements (200 + 200 an item)."""
+    per_item = 20 * 10 * 30 + 20 * 10
+    engine = Engine(Limits(max_request_operations=10 * per_item))
+    gid = engine.register(convert.graph_from_proto(graph(
+        [inp("a", [20, 30]), inp("b", [30, 10])], [node("m", "matmul", "a", "b"), node("s", "sum", "m")],
+        [("y", "s")])))[0].id
+    out, _ = engine.evaluate(gid, {"a": np.ones((10, 20, 30)), "b": np.ones((30, 10))}, backend="tensor")
+    np.testing.assert_array_equal(out["y"], np.full(10, 20 * 10 * 30.0))
+    with pytest.raises(errors.ResourceExhausted) as info:
+        engine.evaluate(gid, {"a": np.ones((11, 20, 30)), "b": np.ones((30, 10))}, backend="tensor")
+    assert "max_request_operations" in str(info.value) and str(11 * per_item) in str(info.value)
+
+
+def test_best_path_tracing_is_costed_before_it_runs():
+    """A path weighs each edge's dense local Jacobian: x[50] -> sin -> sum has edges of 50 × 50
+    and 1 × 50 elements, 2,550 a path."""
+    per_path = 50 * 50 + 1 * 50
+    engine = Engine(Limits(max_request_operations=100 * per_path))
+    gid = engine.register(convert.graph_from_proto(graph(
+        [inp("x", [50])], [node("w", "sin", "x"), node("s", "sum", "w")], [("y", "s")])))[0].id
+    x = {"x": np.linspace(0, 1, 50)}
+    result = engine.gradient(gid, x, semiring="max_product", best_paths=[("x", (k % 50,)) for k in range(100)])
+    assert len(result.best_paths) == 100
+    with pytest.raises(errors.ResourceExhausted) as info:
+        engine.gradient(gid, x, semiring="max_product", best_paths=[("x", (k % 50,)) for k in range(101)])
+    assert "max_request_operations" in str(info.value) and str(101 * per_path) in str(info.value)

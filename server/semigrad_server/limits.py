@@ -11,6 +11,7 @@ class Limits:
     max_node_elements: int = 10_000_000  # elements of any one value of a graph (per batch item)
     max_batch: int = 1_000_000  # batch items in one request
     max_request_elements: int = 400_000_000  # batch items × elements of all values a request computes
+    max_request_operations: int = 100_000_000_000  # scalar operations of one request (a matmul's products counted)
     max_request_bytes: int = 512 * 1024 * 1024  # memory one request may hold at once (estimated from shapes)
     max_memory_bytes: int = 2 * 1024 * 1024 * 1024  # memory the requests in flight on one worker hold together
     max_graphs: int = 1024  # compiled graphs kept in memory per process (least recently used ones go first)

@@ -27,7 +27,7 @@ from ..runtime.compiled import compile_executable
 from ..runtime.outputs import OutputKey
 from ..semiring.loader import SemiringRegistry, default_registry
 from ..store import MemoryStore, SqliteStore
-from .execution import MemoryBudget, check_work, checked_backend, compile_kind, run_plan
+from .execution import MemoryBudget, check_best_path_work, check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
 from .graphs import Batch, CompiledGraph, compile_graph
 from .remembered import CheckedGradient, result_slot
@@ -149,6 +149,8 @@ class Engine:
                                       f"(differentiated: {', '.join(names)})")
         if spec.best_paths and not s.selective:
             raise FailedPrecondition(f"best paths need a selective semiring (max/min-like); '{s.name}' is not")
+        if spec.best_paths:
+            check_best_path_work(cg, len(spec.best_paths), self.limits)
         batch = cg.batch(spec.inputs)
         seeded = tuple(sorted(seeds))
         shape = batch.shape

@@ -42,6 +42,12 @@ def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> int:
         raise ResourceExhausted(
             f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item); "
             f"the limit is {limits.max_request_elements}: send smaller batches")
+    operations = items * plan.item_operations
+    if operations > limits.max_request_operations:
+        raise ResourceExhausted(
+            f"request would take {operations} scalar operations ({items} batch items × {plan.item_operations} per "
+            f"item, a matmul's products counted); the limit is max_request_operations = "
+            f"{limits.max_request_operations}: send smaller batches or operands")
     needed = items * plan.item_bytes
     if needed > limits.max_request_bytes:
         at = f" (at node '{plan.peak_node}')" if plan.peak_node else ""
@@ -49,6 +55,18 @@ def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> int:
             f"request would hold {needed} bytes at once{at}: {items} batch items × {plan.item_bytes} bytes per item; "
             f"the budget is max_request_bytes = {limits.max_request_bytes}: send smaller batches")
     return needed
+
+
+def check_best_path_work(cg, paths: int, limits: Limits) -> None:
+    """RESOURCE_EXHAUSTED unless tracing `paths` best paths is within max_request_operations: a
+    path reads the dense local Jacobian of each edge it weighs, at most every edge of the graph
+    (output elements × operand elements each)."""
+    per_path = sum(cg.types[node.id].size * cg.types[ref].size for node in cg.order for ref in node.inputs)
+    operations = paths * max(per_path, 1)
+    if operations > limits.max_request_operations:
+        raise ResourceExhausted(
+            f"tracing {paths} best paths would read up to {operations} local Jacobian elements ({max(per_path, 1)} a "
+            f"path); the limit is max_request_operations = {limits.max_request_operations}: ask for fewer paths")
 
 
 class MemoryBudget:

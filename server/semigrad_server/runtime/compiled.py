@@ -45,6 +45,7 @@ class ScalarExecutable:
         # arrays of their own: the memory estimate per batch item
         self.item_bytes = 8 * (self.item_elements + sum(ids.size for _, _, ids in program.outputs))
         self.peak_node = ""
+        self.item_operations = max(1, len(program.instrs))
         self.single_calls = 0  # counted without a lock: a lost increment only delays the JIT
         self._single_kernel = None  # the JIT kernel for a single point, once compiled
 

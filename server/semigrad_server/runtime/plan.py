@@ -83,6 +83,10 @@ class Plan:
             if ops[node.id].kind not in ("hook", "semiring") and all(r in constant for r in node.inputs) \
                     and types[node.id].size <= MAX_FOLDED_ELEMENTS:
                 constant.add(node.id)
+        # scalar operations per batch item (a matmul's inner products counted): the work bound
+        self.item_operations = max(1, sum(
+            max(ops[node.id].scalar_cost([types[r] for r in node.inputs], types[node.id]), types[node.id].size)
+            for node in live_order if node.id not in constant))
         groups = fusion_groups(live_order, ops, types, kept={ref for _, ref in outputs},
                                excluded=constant | set(map_components))
         absorbed = {n.id for g in groups.values() for n in g.members if n.id != g.root}
