@@ -39,8 +39,9 @@ MAX_REQUEST_BYTES = 64 * MIB  # the worker's per-request memory budget here (--m
 RSS_ALLOWANCE = 64 * MIB  # beside the budget: allocator slack, compiled code, caches of a new graph
 MIN_FUZZ_REQUESTS = 2_000
 FUZZING = bool(os.environ.get("SEMIGRAD_FUZZ"))
-# make fuzz: examples per test (each sends one request or more; seven tests: ≥ 2,800 requests)
-EXAMPLES = settings(max_examples=400) if FUZZING else settings()
+# make fuzz: examples per test (each sends one request or more; seven tests: ≥ 2,800 requests, 4,021
+# in a measured run); make test: 25 each, fixed seed (about 40 s on a loaded 2-core machine)
+EXAMPLES = settings(max_examples=400) if FUZZING else settings(max_examples=25)
 CLIENT_FAULTS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                  grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
                  grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, grpc.StatusCode.OUT_OF_RANGE,
