@@ -14,6 +14,7 @@ client.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -29,7 +30,16 @@ from semigrad_server.limits import Limits
 from semigrad_server.service import build_server
 from test_status_contract import graph, inp, node
 
-OVERRUN = 0.1  # seconds: work stops within this of the deadline or the cancellation
+OVERRUN = 0.1  # seconds: work stops within this of the deadline or the cancellation ...
+
+
+def allowed_overrun() -> float:
+    """... on a machine with a core for each runnable thread. On an oversubscribed one (a CI
+    machine running benchmarks beside the tests) the interrupted thread waits its turn for a
+    core: the bound grows with the measured load per core (load 10 on 2 cores: 0.5 s), still
+    far below the seconds to minutes the old code went on."""
+    return OVERRUN * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
 LOG_WAIT = 60.0  # seconds to wait for the server's log line (the old code ran on for 15-30 s)
 DEFAULT_SECONDS = 1.0  # max_request_seconds of the server whose default deadline is tested
 TIMEOUT = 20.0
@@ -85,7 +95,9 @@ def assert_stopped_in_time(line: str, status: str = "DEADLINE_EXCEEDED") -> floa
     assert f"status={status}" in line, line
     overrun = re.search(r"overrun_ms=([0-9.]+)", line)
     assert overrun, line
-    assert float(overrun.group(1)) <= OVERRUN * 1e3, f"work went on {overrun.group(1)} ms past the deadline: {line}"
+    allowed = allowed_overrun()
+    assert float(overrun.group(1)) <= allowed * 1e3, \
+        f"work went on {overrun.group(1)} ms past the deadline (allowed {allowed * 1e3:.0f} ms): {line}"
     return float(overrun.group(1))
 
 
@@ -129,20 +141,21 @@ def test_a_cancelled_compile_stops_within_the_bound(stub, rpc_log):
 
 def test_a_matmul_chain_is_checked_at_every_step(stub, rpc_log):
     """58 matmuls, each some tens of ms: checked every 64 steps, the chain ran to its end."""
-    n, steps = 160, 58
+    n, steps = 120, 58
     nodes, prev = [], "x"
     for i in range(steps):
         nodes.append(node(f"m{i}", "matmul", prev, "w"))
         prev = f"m{i}"
     gid = register(stub, graph([inp("x", [n, n]), inp("w", [n, n])], nodes + [node("s", "sum", prev)], [("y", "s")]))
     rng = np.random.default_rng(0)
-    inputs = {"x": codec.to_tensor(rng.random((16, n, n)) / n), "w": codec.to_tensor(rng.random((n, n)) / n)}
+    inputs = {"x": codec.to_tensor(rng.random((64, n, n)) / n), "w": codec.to_tensor(rng.random((n, n)) / n)}
+    stub.Evaluate(pb.EvaluateRequest(graph_id=gid, inputs=inputs), timeout=120)  # compiles it
     started = time.perf_counter()
-    stub.Evaluate(pb.EvaluateRequest(graph_id=gid, inputs=inputs), timeout=TIMEOUT)  # compiles it
+    stub.Evaluate(pb.EvaluateRequest(graph_id=gid, inputs=inputs), timeout=120)
     whole = time.perf_counter() - started
     assert call_with_deadline(stub.Evaluate, pb.EvaluateRequest(graph_id=gid, inputs=inputs), whole / 4) \
         == grpc.StatusCode.DEADLINE_EXCEEDED
-    line = server_line(rpc_log, "Evaluate", seen=1)
+    line = server_line(rpc_log, "Evaluate", seen=2)
     assert_stopped_in_time(line)
     assert "at node 'm" in line
 
