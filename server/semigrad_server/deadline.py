@@ -157,11 +157,15 @@ class _Region:
                 continue
 
 
+COMPACT_AT = 1024  # regions waiting in the watchdog's heap before the ones already left are dropped
+
+
 class _Watchdog:
     """One daemon thread firing armed regions at their bound's deadline."""
 
     def __init__(self):
         self._heap: list[tuple[float, int, _Region]] = []
+        self._compact_at = COMPACT_AT
         self._order = itertools.count()
         self._wake = threading.Condition(_LOCK)
         self._thread: threading.Thread | None = None
@@ -169,6 +173,10 @@ class _Watchdog:
     def arm(self, region: _Region) -> None:
         with _LOCK:
             region.bound.regions.append(region)
+            if len(self._heap) >= self._compact_at:  # regions left long before their deadline
+                self._heap = [entry for entry in self._heap if entry[2].armed]
+                heapq.heapify(self._heap)
+                self._compact_at = max(COMPACT_AT, 2 * len(self._heap))
             heapq.heappush(self._heap, (region.bound.deadline, next(self._order), region))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="semigrad-deadlines", daemon=True)

@@ -194,9 +194,12 @@ class Engine:
         """The short path: a plain request whose signature passed every check before. Only its
         time bound is left to set."""
         bound = time.monotonic() + self.limits.max_request_seconds  # time_bound(), inline: no call
-        with self.memory.reserved_for(checked.bytes):
+        self.memory.reserve(checked.bytes)  # reserve/release, not a context manager: this is the short path
+        try:
             results = checked.compiled.plan.run(inputs, bound if deadline is None else min(deadline, bound), backend,
                                                 checked.shape)
+        finally:
+            self.memory.release(checked.bytes)
         result = GradientResult()
         for slots, arrays in ((checked.gradients, result.gradients), (checked.outputs, result.outputs)):
             for name, key, t, shape, dtype in slots:

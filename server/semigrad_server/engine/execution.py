@@ -79,8 +79,9 @@ class MemoryBudget:
         self.reserved = 0
         self._lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def reserved_for(self, needed: int):
+    def reserve(self, needed: int) -> None:
+        """Take `needed` bytes of the budget (RESOURCE_EXHAUSTED when they are not left); give
+        them back with `release`."""
         with self._lock:
             if self.reserved + needed > self.limit:
                 held = self.reserved
@@ -88,11 +89,18 @@ class MemoryBudget:
                     f"request would hold {needed} bytes while requests in flight hold {held}: the worker's budget "
                     f"is max_memory_bytes = {self.limit}; retry later or send smaller batches")
             self.reserved += needed
+
+    def release(self, needed: int) -> None:
+        with self._lock:
+            self.reserved -= needed
+
+    @contextlib.contextmanager
+    def reserved_for(self, needed: int):
+        self.reserve(needed)
         try:
             yield
         finally:
-            with self._lock:
-                self.reserved -= needed
+            self.release(needed)
 
 
 def run_plan(plan, batch: Batch, deadline: float | None, backend: str, limits: Limits,
