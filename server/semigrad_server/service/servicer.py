@@ -27,6 +27,7 @@ from .streams import StreamSlots, pumped
 
 log = logging.getLogger("semigrad.rpc")
 DEADLINE_SKEW = 0.05  # seconds: a call gRPC ends this close to its deadline ended by the deadline
+NO_DEADLINE = 1e8  # seconds: grpc reports a huge time remaining for a call without a deadline
 
 
 def rpc(method):
@@ -70,10 +71,16 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemory()
         self.streams = StreamSlots(engine.limits)
 
-    def bound(self, context: grpc.ServicerContext) -> deadline.Bound:
-        """The call's time bound: the client's deadline, or the server's default (and cap)
-        max_request_seconds; ended at once when the call ends (cancelled, the client gone)."""
-        bound = deadline.start(context.time_remaining(), self.engine.limits.max_request_seconds)
+    def bound(self, context: grpc.ServicerContext, capped: bool = True) -> deadline.Bound:
+        """The call's time bound: the client's deadline, or the server's default (and, `capped`,
+        its cap) max_request_seconds; ended at once when the call ends (cancelled, the client
+        gone). Streams are not capped: a client may stream chunks for longer, each chunk's work
+        bounded by max_request_seconds (engine.execution.time_bound)."""
+        remaining = context.time_remaining()
+        if not capped and remaining is not None and remaining < NO_DEADLINE:
+            bound = deadline.start(remaining, remaining)
+        else:
+            bound = deadline.start(remaining, self.engine.limits.max_request_seconds)
 
         def ended():
             remaining = context.time_remaining()
@@ -123,7 +130,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK
         detail = ""
-        bound = self.bound(context)
+        bound = self.bound(context, capped=False)
         try:
             with self.streams.taken(context.peer(), "GradientWithHooks"):
                 yield from run_with_client_hooks(
@@ -146,7 +153,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         on. A message that does not decode ends the stream with INVALID_ARGUMENT."""
         start, counts = time.perf_counter(), [0, 0]
         code, detail = grpc.StatusCode.OK, ""
-        bound = self.bound(context)
+        bound = self.bound(context, capped=False)
         try:
             with self.streams.taken(context.peer(), "GradientStream"):
                 yield from self._chunks(status.decoded_stream(pumped(request_iterator, bound, "GradientStream")),
