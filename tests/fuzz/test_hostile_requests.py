@@ -5,7 +5,8 @@ them to a real `semigrad serve` process. Whatever a request holds:
 
 * the answer is never INTERNAL (nor UNKNOWN): every one of these is the client's fault;
 * the server's work never goes on more than OVERRUN past the call's deadline or cancellation
-  (the server logs `overrun_ms` for every call that did; read from its log at the end);
+  (the server logs `overrun_ms` for every call that did; read from its log at the end; some
+  calls get deadlines of milliseconds so that work runs into them);
 * the worker stays alive and answers health checks, after every request;
 * the worker's peak RSS (VmHWM) grows by at most its declared budget per request
   (max_request_bytes, plus the request's own bytes and a fixed allowance).
@@ -32,7 +33,8 @@ from hypothesis import strategies as st
 from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 
-TIMEOUT = 5.0  # the deadline of each generated call
+TIMEOUT = 5.0  # the deadline of each generated call ...
+timeouts = st.sampled_from([TIMEOUT, TIMEOUT, TIMEOUT, 0.2, 0.02, 0.002])  # ... or one work may run into
 OVERRUN = 0.1  # seconds the server's work may go on past a deadline or cancellation
 MIB = 1 << 20
 MAX_REQUEST_BYTES = 64 * MIB  # the worker's per-request memory budget here (--max-request-bytes)
@@ -150,7 +152,9 @@ def served(request):
         log = s.log_text()
         overruns = [(float(m.group(1)), line) for line in log.splitlines()
                     for m in [re.search(r"overrun_ms=([0-9.]+)", line)] if m]
-        late = [line for ms, line in overruns if ms > OVERRUN * 1e3]
+        # on an oversubscribed machine the interrupted thread waits its turn for a core
+        allowed = OVERRUN * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        late = [line for ms, line in overruns if ms > allowed * 1e3]
         latest = max([0.0] + [o for o, _ in overruns])
         request.config.pluginmanager.register(_Summary(
             f"hostile requests: {s.requests} generated requests sent to one worker; {len(overruns)} stopped at "
@@ -164,14 +168,14 @@ def served(request):
         s.close()
 
 
-def send(served: Served, call, request, size: int = 0, **kwargs):
+def send(served: Served, call, request, size: int = 0, timeout: float = TIMEOUT):
     """One generated request: its status must be a client fault's, and the worker must stay
     alive, healthy and within its memory budget."""
     before = served.peak_rss()
     served.requests += 1
     code, details = grpc.StatusCode.OK, ""
     try:
-        result = call(request, timeout=TIMEOUT, **kwargs)
+        result = call(request, timeout=timeout)
         if hasattr(result, "__next__"):
             for _ in result:
                 pass
@@ -303,7 +307,7 @@ def well_formed_inputs(served: Served, draw_case: int) -> dict:
 def test_hostile_graphs(served, data):
     g = data.draw(graphs())
     request = pb.RegisterGraphRequest(graph=g)
-    code, _ = send(served, served.stub.RegisterGraph, request, request.ByteSize())
+    code, _ = send(served, served.stub.RegisterGraph, request, request.ByteSize(), data.draw(timeouts))
     if code == grpc.StatusCode.OK:  # a graph that registered: ask it things as well
         gid = served.stub.RegisterGraph(request, timeout=TIMEOUT).graph_id
         evaluate = pb.EvaluateRequest(graph_id=gid, inputs=data.draw(st.dictionaries(names, tensors(), max_size=3)),
@@ -312,14 +316,14 @@ def test_hostile_graphs(served, data):
         for call, message in ((served.stub.SymbolicGradient, pb.SymbolicGradientRequest(graph_id=gid)),
                               (served.stub.DescribeGraph, pb.DescribeGraphRequest(
                                   graph_id=gid, semiring=data.draw(st.sampled_from(SEMIRINGS))))):
-            send(served, call, message)
+            send(served, call, message, timeout=data.draw(timeouts))
 
 
 @EXAMPLES
 @given(data=st.data())
 def test_hostile_gradient_requests(served, data):
     request = data.draw(gradient_requests(graph_ids(served.graphs)))
-    send(served, served.stub.Gradient, request, request.ByteSize())
+    send(served, served.stub.Gradient, request, request.ByteSize(), data.draw(timeouts))
 
 
 @EXAMPLES
@@ -331,7 +335,7 @@ def test_hostile_options_on_good_inputs(served, data):
     request.inputs.clear()
     for k, v in well_formed_inputs(served, 0)[name].items():
         request.inputs[k].CopyFrom(v)
-    send(served, served.stub.Gradient, request, request.ByteSize())
+    send(served, served.stub.Gradient, request, request.ByteSize(), data.draw(timeouts))
     evaluate = pb.EvaluateRequest(graph_id=served.graphs[name], inputs=request.inputs,
                                   outputs=data.draw(st.lists(names, max_size=2)),
                                   nodes=data.draw(st.lists(names, max_size=2)),
@@ -360,7 +364,7 @@ def test_hostile_hook_stream_sequences(served, data):
                 call=data.draw(st.integers(0, 3)), value=data.draw(tensors()), error=data.draw(st.text(max_size=10)))))
         else:
             messages.append(pb.HookStreamRequest())
-    send(served, served.stub.GradientWithHooks, iter(messages))
+    send(served, served.stub.GradientWithHooks, iter(messages), timeout=data.draw(timeouts))
 
 
 @EXAMPLES
@@ -402,4 +406,4 @@ def test_hostile_inspection_requests(served, data):
         (served.stub.GetGraph, pb.GetGraphRequest(graph_id=gid)),
     ]
     for call, request in requests:
-        send(served, call, request, request.ByteSize())
+        send(served, call, request, request.ByteSize(), data.draw(timeouts))
