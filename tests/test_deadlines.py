@@ -129,6 +129,16 @@ def test_a_30000_operand_concat_gradient_stops_compiling_at_the_deadline(stub, r
     assert "compiling the gradient" in line
 
 
+def test_describing_a_30000_operand_concat_stops_at_the_deadline(stub, rpc_log):
+    """Found by the hostile runs: DescribeGraph of this graph ran 16 s past a 1 s deadline."""
+    gid = register(stub, concat_graph(30_003))
+    assert call_with_deadline(stub.DescribeGraph, pb.DescribeGraphRequest(graph_id=gid), 1.0) \
+        == grpc.StatusCode.DEADLINE_EXCEEDED
+    line = server_line(rpc_log, "DescribeGraph")
+    assert_stopped_in_time(line)
+    assert "describing the graph" in line
+
+
 def test_a_cancelled_compile_stops_within_the_bound(stub, rpc_log):
     gid = register(stub, concat_graph(30_001))
     future = stub.Gradient.future(pb.GradientRequest(graph_id=gid, inputs={"x": codec.to_tensor(np.ones(1))}),

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 import sympy as sp
 
+from ..deadline import interruptibly
 from ..autodiff import reverse
 from ..autodiff.reverse import semiring_setup
 from ..errors import InvalidArgument
@@ -84,6 +85,10 @@ def describe(engine, graph_id: str, *, semiring: str = "real", semiring_params: 
     every float input) and `outputs` (default every float output)."""
     cg = engine.get(graph_id)
     s = engine.semirings.get(semiring or "real", semiring_params)
+    return interruptibly("describing the graph", _describe, cg, s, wrt, outputs)
+
+
+def _describe(cg, s, wrt: Sequence[str], outputs: Sequence[str]) -> GraphDescription:
     float_inputs = [spec.name for spec in cg.graph.inputs if spec.type.is_float]
     wrt = cg.wrt_inputs(wrt) if wrt or float_inputs else []
     names = _differentiated_outputs(cg, outputs)

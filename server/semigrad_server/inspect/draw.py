@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..deadline import interruptibly
 from ..errors import InvalidArgument, quoted
 from .describe import requiring_grad
 from .dot import PathSteps, graph_dot
@@ -34,7 +35,8 @@ def draw(engine, graph_id: str, inputs: Mapping[str, np.ndarray] | None = None, 
     shown_values.update(values or {})
     shown_gradients.update(gradients or {})
     title = f"graph {cg.id}" + (f", {semiring} semiring" if shown_gradients and semiring not in ("", "real") else "")
-    return graph_dot(cg.graph, cg.types, shown_values, shown_gradients, highlight, title)
+    return interruptibly("drawing the graph", graph_dot, cg.graph, cg.types, shown_values, shown_gradients, highlight,
+                         title)
 
 
 def _gradients(engine, cg, inputs, semiring, semiring_params, wrt, deadline) -> dict[str, np.ndarray]:
