@@ -42,8 +42,8 @@ class ScalarExecutable:
         self.jit = JitProgram(program) if self.jit_refusal is None else None
         self.item_elements = max(1, program.n_vars)  # scalars per item: the work and memory bound
         # every variable is a row of the batch, held to the end, and the outputs are stacked into
-        # arrays of their own: the memory estimate per batch item
-        self.item_bytes = 8 * (self.item_elements + sum(ids.size for _, _, ids in program.outputs))
+        # arrays of their own, then copied twice into the response: the memory estimate per item
+        self.item_bytes = 8 * (self.item_elements + 3 * sum(ids.size for _, _, ids in program.outputs))
         self.peak_node = ""
         self.item_operations = max(1, len(program.instrs))
         self.single_calls = 0  # counted without a lock: a lost increment only delays the JIT
@@ -172,7 +172,10 @@ def compile_executable(graph: Graph, nodes: Sequence[Node], types: Mapping[str, 
         try:
             program = scalarize(graph, nodes, types, outputs, registry, attrs, semiring, semiring_values,
                                 only_if_narrow=backend == "auto")
-            return ScalarExecutable(program, semiring)
+            executable = ScalarExecutable(program, semiring)
+            # every variable lives to the end: the largest value is what a request is refused for
+            executable.peak_node = max(nodes, key=lambda n: types[n.id].size).id if nodes else ""
+            return executable
         except NotScalarizable as e:
             if backend in ("scalar", "jit"):
                 raise FailedPrecondition(f"the {backend} backend cannot run this graph: {e}") from None

@@ -151,8 +151,8 @@ class Plan:
     def _peak_bytes(self, types: Mapping[str, Type]) -> tuple[int, str]:
         """The most bytes per batch item the run holds at once (inputs, live values, the result
         being computed; buffers freed after their last use), and the node computed at that
-        moment: the memory estimate a request is checked against before it runs (constant
-        results count too: they are spread over the batch when returned)."""
+        moment: the memory estimate a request is checked against before it runs (with the
+        response's copies of the results)."""
         size = {}
         for ref, slot in self._slot_refs.items():
             t = types[ref]
@@ -171,8 +171,10 @@ class Plan:
                 if slot in live:
                     live.discard(slot)
                     held -= size[slot]
-        # results computed once (constants) are spread over the batch when returned
-        spread = sum(size[slot] for slot in {slot for _, slot in self.output_slots} & folded)
+        # results computed once (constants) are spread over the batch when returned, and every
+        # result is copied twice more into the response (its bytes, the message)
+        results = {slot for _, slot in self.output_slots}
+        spread = sum(size[slot] for slot in results & folded) + 2 * sum(size[slot] for slot in results)
         return max(peak + spread, 1), at
 
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
