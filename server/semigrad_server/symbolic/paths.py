@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .. import deadline
 from ..autodiff.local_jacobian import local_jacobian
 from ..autodiff.reverse import active_nodes
 from ..errors import FailedPrecondition
@@ -34,6 +35,7 @@ def path_sums(engine, cg, point: Mapping[str, np.ndarray], wrt: Sequence[str], o
     edges: dict[tuple[str, int], list[tuple[str, int, float]]] = defaultdict(list)
     total = 0
     for node in cg.order:
+        deadline.check(f"enumerating paths: the local Jacobians of node '{node.id}'")
         if node.id not in active:
             continue
         for pos, ref in enumerate(node.inputs):
@@ -77,6 +79,7 @@ def _block(s, edges, target: str, x: str, shape: tuple) -> dict[str, np.ndarray]
     n = int(np.prod(shape, dtype=np.int64))
     by_length: dict[int, tuple[list[int], list[list[float]]]] = defaultdict(lambda: ([], []))
     for i in range(n):
+        deadline.check(f"enumerating the paths from {x}[{i}]")
         stack = [((x, i), [])]
         while stack:
             (ref, k), partials = stack.pop()
