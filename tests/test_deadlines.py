@@ -399,3 +399,27 @@ def test_one_connection_gets_at_most_its_share_of_streams(address):
         release.set()
         for reader in readers:
             reader.join(TIMEOUT)
+
+
+@pytest.mark.parametrize("method", ["GradientStream", "GradientWithHooks"])
+@pytest.mark.parametrize("ending", ["cancel", "deadline"])
+def test_a_stream_ended_while_the_server_reads_it_is_not_internal(stub, rpc_log, method, ending):
+    """Found by tests/fuzz/test_hostile_requests.py: gRPC's request iterator raises when the call
+    ends under it, and that was answered (and logged) as INTERNAL."""
+    release = threading.Event()
+
+    def idle():
+        release.wait(TIMEOUT)
+        yield from ()
+
+    call = getattr(stub, method)(idle(), timeout=0.3 if ending == "deadline" else TIMEOUT)
+    if ending == "cancel":
+        time.sleep(0.3)
+        call.cancel()
+    with pytest.raises(grpc.RpcError):
+        list(call)
+    release.set()
+    line = server_line(rpc_log, method)
+    assert "INTERNAL" not in line and "internal error" not in line, line
+    if ending == "deadline":
+        assert_stopped_in_time(line)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 from ..deadline import Bound
-from ..errors import ResourceExhausted
+from ..errors import Cancelled, ResourceExhausted
 from ..limits import Limits
 
 
@@ -51,6 +51,9 @@ class StreamSlots:
                     del self._by_peer[peer]
 
 
+_CALL_ENDED = object()  # the client's message stream failed: the call ended under it
+
+
 def pumped(messages: Iterable, bound: Bound, what: str) -> Iterator:
     """The client's messages, read on a thread of their own so that waiting for the next one
     ends (DeadlineExceeded) when `bound` passes. The reader ends with the call."""
@@ -61,8 +64,8 @@ def pumped(messages: Iterable, bound: Bound, what: str) -> Iterator:
             for message in messages:
                 inbox.put((True, message))
             inbox.put((False, None))
-        except Exception as e:  # noqa: BLE001 - grpc ends the iterator so when the call ends
-            inbox.put((False, e))
+        except Exception:  # noqa: BLE001 - gRPC's iterator raises when the call ends (cancelled, deadline)
+            inbox.put((False, _CALL_ENDED))
 
     threading.Thread(target=read, name="semigrad-stream-reader", daemon=True).start()
     while True:
@@ -71,7 +74,9 @@ def pumped(messages: Iterable, bound: Bound, what: str) -> Iterator:
         except queue.Empty:
             raise bound.error(f"waiting for the client's next message on {what}") from None
         if not more:
-            if item is not None:
-                raise item
+            if item is _CALL_ENDED:  # the client's fault or choice, not the server's: never INTERNAL
+                if bound.expired():
+                    raise bound.error(f"reading the client's messages on {what}")
+                raise Cancelled(f"the client went away while sending its messages on {what}")
             return
         yield item
