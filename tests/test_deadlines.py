@@ -160,12 +160,14 @@ def test_a_matmul_chain_is_checked_at_every_step(stub, rpc_log):
     rng = np.random.default_rng(0)
     inputs = {"x": codec.to_tensor(rng.random((64, n, n)) / n), "w": codec.to_tensor(rng.random((n, n)) / n)}
     stub.Evaluate(pb.EvaluateRequest(graph_id=gid, inputs=inputs), timeout=120)  # compiles it
-    started = time.perf_counter()
-    stub.Evaluate(pb.EvaluateRequest(graph_id=gid, inputs=inputs), timeout=120)
-    whole = time.perf_counter() - started
-    assert call_with_deadline(stub.Evaluate, pb.EvaluateRequest(graph_id=gid, inputs=inputs), whole / 4) \
+    runs = []
+    for _ in range(3):
+        started = time.perf_counter()
+        stub.Evaluate(pb.EvaluateRequest(graph_id=gid, inputs=inputs), timeout=120)
+        runs.append(time.perf_counter() - started)
+    assert call_with_deadline(stub.Evaluate, pb.EvaluateRequest(graph_id=gid, inputs=inputs), min(runs) / 5) \
         == grpc.StatusCode.DEADLINE_EXCEEDED
-    line = server_line(rpc_log, "Evaluate", seen=2)
+    line = server_line(rpc_log, "Evaluate", seen=4)
     assert_stopped_in_time(line)
     assert "at node 'm" in line
 
