@@ -66,6 +66,7 @@ from .hooks import Contribution, PreHook, ServerHook
 from .messages import Gradients
 from .reports import CrossCheckReport, Formulas, SymbolicGradient
 from .specs import AttrSpec, BestPath, DerivativeRule, OpInfo, PathStep, SemiringInfo, TensorSpec
+from .torch_import import TorchImport, TorchImportError, from_torch
 from .viz import render_dot
 
 __version__ = "0.1.0"
@@ -75,6 +76,7 @@ __all__ = [
     "DerivativeRule", "FailedPrecondition", "Formulas", "Gradients", "Graph", "Handle", "Internal",
     "InvalidArgument", "NotFound", "OpInfo", "PathStep", "RegisteredGraph", "ResourceExhausted", "SemigradError",
     "SemiringInfo", "SymbolicGradient", "TensorSpec", "Unavailable",
+    "TorchImport", "TorchImportError", "from_torch",
     "BackwardGraph", "BackwardNode", "GraphDescription", "NodeDerivative", "NodeDescription", "render_dot",
     "abs", "add", "broadcast_to", "concat", "cos", "div", "elementwise", "eq", "erf", "exp", "expm1", "ge",
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",

@@ -1,0 +1,659 @@
+"""The ATen table: one entry per core ATen op, building the semigrad nodes that compute it.
+
+An entry is ``fn(b, *args, **kwargs)``: ``b`` is the :class:`~.builder.NodeBuilder` of one FX
+node (its final node id ``b.name``, fresh ids for helper nodes from ``b.tmp()``, scalars as
+consts with ``b.const``), the arguments are the FX node's with every tensor argument already a
+:class:`semigrad.Handle`. It returns a Handle, or a tuple for ops with several results (an
+element that is :class:`Missing` fails only when a later node reads it). An op or argument the
+table cannot express raises :class:`Unsupported`; the importer collects every such failure and
+reports them together. Ops of the shared op contract (gather, softmax, layer_norm, conv2d, ...)
+map onto the semigrad function when the installed client has it; until then they are built from
+primitive nodes (``_fallback`` helpers below), which compute the same values and gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .. import functions as F
+from .builder import Missing, NodeBuilder, Unsupported
+
+TABLE: dict[str, Callable] = {}
+
+
+def op(*names: str):
+    """Register the decorated function for the ATen overloads ``names`` (``"aten.add.Tensor"``)."""
+
+    def register(fn):
+        for name in names:
+            TABLE[name] = fn
+        return fn
+
+    return register
+
+
+def _contract(name: str):
+    """The client function ``name`` of the op contract, or None where this client lacks it."""
+    return getattr(F, name, None)
+
+
+def _is_handle(x) -> bool:
+    return hasattr(x, "graph") and hasattr(x, "id")
+
+
+def _dims(dim, rank: int) -> tuple[int, ...] | None:
+    """A torch ``dim`` argument (int, list, None or []) as axes; None means every axis."""
+    if dim is None:
+        return None
+    if isinstance(dim, int):
+        return (dim,)
+    dim = tuple(int(d) for d in dim)
+    return dim or None
+
+
+def _shape(h) -> tuple[int, ...]:
+    return tuple(h.shape)
+
+
+def _operands(b: NodeBuilder, *values):
+    """Tensor arguments as they are, Python scalars as consts of the float/int dtype they meet."""
+    like = next((v.dtype for v in values if _is_handle(v)), None)
+    out = []
+    for v in values:
+        if _is_handle(v):
+            out.append(v)
+            continue
+        if isinstance(v, bool):
+            out.append(b.const(np.bool_(v)))
+        elif like in ("float64", "float32"):
+            out.append(b.const(np.asarray(v, dtype=like)))
+        elif like == "int64" and float(v) == int(v) and not isinstance(v, float):
+            out.append(b.const(np.int64(v)))
+        else:
+            raise Unsupported(f"a {type(v).__name__} scalar {v!r} with a {like} tensor needs a dtype cast")
+    return out
+
+
+# ---------------------------------------------------------------- elementwise
+
+def _unary(name: str, fn):
+    @op(name)
+    def entry(b, x):
+        return fn(x, name=b.name)
+
+    return entry
+
+
+for _name, _fn in {
+    "aten.abs.default": F.abs, "aten.neg.default": F.neg, "aten.exp.default": F.exp,
+    "aten.log.default": F.log, "aten.log1p.default": F.log1p, "aten.expm1.default": F.expm1,
+    "aten.sqrt.default": F.sqrt, "aten.sin.default": F.sin, "aten.cos.default": F.cos,
+    "aten.tan.default": F.tan, "aten.tanh.default": F.tanh, "aten.sigmoid.default": F.sigmoid,
+    "aten.relu.default": F.relu, "aten.erf.default": F.erf, "aten.sign.default": F.sign,
+}.items():
+    _unary(_name, _fn)
+
+
+@op("aten.rsqrt.default")
+def _rsqrt(b, x):
+    return F.div(b.const(np.asarray(1.0, dtype=x.dtype)), F.sqrt(x, name=b.tmp()), name=b.name)
+
+
+@op("aten.reciprocal.default")
+def _reciprocal(b, x):
+    return F.div(b.const(np.asarray(1.0, dtype=x.dtype)), x, name=b.name)
+
+
+@op("aten.gelu.default")
+def _gelu(b, x, approximate="none"):
+    gelu = _contract("gelu")
+    if gelu is not None:
+        return gelu(x, approximate=approximate, name=b.name)
+    half, one = b.const(np.asarray(0.5, x.dtype)), b.const(np.asarray(1.0, x.dtype))
+    if approximate == "none":  # x/2 (1 + erf(x / sqrt 2))
+        inner = F.erf(F.mul(x, b.const(np.asarray(1 / math.sqrt(2), x.dtype)), name=b.tmp()), name=b.tmp())
+    elif approximate == "tanh":  # x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        cube = F.mul(F.mul(x, x, name=b.tmp()), x, name=b.tmp())
+        poly = F.add(x, F.mul(b.const(np.asarray(0.044715, x.dtype)), cube, name=b.tmp()), name=b.tmp())
+        inner = F.tanh(F.mul(b.const(np.asarray(math.sqrt(2 / math.pi), x.dtype)), poly, name=b.tmp()), name=b.tmp())
+    else:
+        raise Unsupported(f"gelu approximate={approximate!r}")
+    return F.mul(F.mul(half, x, name=b.tmp()), F.add(one, inner, name=b.tmp()), name=b.name)
+
+
+def _binary(names: Sequence[str], fn, scaled: bool = False):
+    @op(*names)
+    def entry(b, x, y, *, alpha=1):
+        x, y = _operands(b, x, y)
+        if scaled and alpha != 1:  # add/sub(x, y, alpha=a) is x ± a y
+            (a,) = _operands(b, y, alpha)[1:]
+            y = F.mul(a, y, name=b.tmp())
+        return fn(x, y, name=b.name)
+
+    return entry
+
+
+_binary(["aten.add.Tensor", "aten.add.Scalar"], F.add, scaled=True)
+_binary(["aten.sub.Tensor", "aten.sub.Scalar"], F.sub, scaled=True)
+_binary(["aten.mul.Tensor", "aten.mul.Scalar"], F.mul)
+_binary(["aten.div.Tensor", "aten.div.Scalar"], F.div)
+_binary(["aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar", "aten.pow.Scalar"], F.pow)
+_binary(["aten.maximum.default"], F.maximum)
+_binary(["aten.minimum.default"], F.minimum)
+for _cmp in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _binary([f"aten.{_cmp}.Tensor", f"aten.{_cmp}.Scalar"], getattr(F, _cmp))
+
+
+@op("aten.rsub.Scalar", "aten.rsub.Tensor")
+def _rsub(b, x, y, *, alpha=1):
+    x, y = _operands(b, x, y)
+    if alpha != 1:
+        (a,) = _operands(b, x, alpha)[1:]
+        x = F.mul(a, x, name=b.tmp())
+    return F.sub(y, x, name=b.name)
+
+
+@op("aten.div.Tensor_mode")
+def _div_mode(b, x, y, *, rounding_mode=None):
+    if rounding_mode is not None:
+        raise Unsupported(f"div with rounding_mode={rounding_mode!r}")
+    x, y = _operands(b, x, y)
+    return F.div(x, y, name=b.name)
+
+
+@op("aten.where.self")
+def _where(b, cond, x, y):
+    x, y = _operands(b, x, y)
+    return F.where(cond, x, y, name=b.name)
+
+
+@op("aten.logical_not.default")
+def _logical_not(b, x):
+    if x.dtype != "bool":
+        x = F.ne(x, b.const(np.zeros((), x.dtype)), name=b.tmp())
+    return F.eq(x, b.const(np.bool_(False)), name=b.name)
+
+
+@op("aten.clamp.default", "aten.clamp.Tensor")
+def _clamp(b, x, min=None, max=None):
+    clamp = _contract("clamp")
+    if clamp is not None and not _is_handle(min) and not _is_handle(max):
+        return clamp(x, min=min, max=max, name=b.name)
+    if min is None and max is None:
+        raise Unsupported("clamp without bounds")
+    if min is not None:
+        x = F.maximum(*_operands(b, x, min), name=b.name if max is None else b.tmp())
+    if max is not None:
+        x = F.minimum(*_operands(b, x, max), name=b.name)
+    return x
+
+
+@op("aten.hardtanh.default")
+def _hardtanh(b, x, min_val=-1.0, max_val=1.0):
+    return _clamp(b, x, min_val, max_val)
+
+
+@op("aten.leaky_relu.default")
+def _leaky_relu(b, x, negative_slope=0.01):
+    zero = b.const(np.zeros((), x.dtype))
+    return F.where(F.gt(x, zero, name=b.tmp()), x,
+                   F.mul(x, b.const(np.asarray(negative_slope, x.dtype)), name=b.tmp()), name=b.name)
+
+
+# ---------------------------------------------------------------- identities and dtype
+
+@op("aten.clone.default", "aten.alias.default", "aten.lift_fresh_copy.default", "aten.contiguous.default")
+def _identity(b, x, **_):
+    return x
+
+
+@op("aten._to_copy.default")
+def _to_copy(b, x, *, dtype=None, **_):
+    if b.dtype not in (None, x.dtype):
+        raise Unsupported(f"a cast from {x.dtype} to {b.dtype} (semigrad has no cast op)")
+    return x
+
+
+@op("aten.dropout.default", "aten.native_dropout.default")
+def _dropout(b, x, p, train):
+    if train:
+        raise Unsupported("dropout in training mode (put the module in eval mode)")
+    return x
+
+
+# ---------------------------------------------------------------- shapes
+
+@op("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+def _view(b, x, size):
+    target = b.shape
+    return x if _shape(x) == target else F.reshape(x, target, name=b.name)
+
+
+@op("aten.unsqueeze.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.squeeze.default")
+def _squeeze(b, x, *dims):
+    target = b.shape
+    return x if _shape(x) == target else F.reshape(x, target, name=b.name)
+
+
+@op("aten.permute.default")
+def _permute(b, x, dims):
+    dims = [d % len(x.shape) for d in dims]
+    return x if dims == sorted(dims) else F.transpose(x, dims, name=b.name)
+
+
+@op("aten.expand.default")
+def _expand(b, x, size):
+    target = b.shape
+    return x if _shape(x) == target else F.broadcast_to(x, target, name=b.name)
+
+
+@op("aten.select.int")
+def _select(b, x, dim, index):
+    dim %= len(x.shape)
+    return F.index(x, (slice(None),) * dim + (int(index),), name=b.name)
+
+
+@op("aten.slice.Tensor")
+def _slice(b, x, dim=0, start=None, end=None, step=1):
+    dim %= len(x.shape)
+    n = x.shape[dim]
+    start, end, step = slice(start, end, step).indices(n)  # torch clamps out-of-range bounds
+    if (start, end, step) == (0, n, 1):
+        return x
+    return F.index(x, (slice(None),) * dim + (slice(start, end, step),), name=b.name)
+
+
+@op("aten.cat.default")
+def _cat(b, tensors, dim=0):
+    tensors = [t for t in tensors if not (len(t.shape) == 1 and t.shape[0] == 0)]  # torch skips empty 1-D
+    if len(tensors) == 1:
+        return tensors[0]
+    return F.concat(tensors, axis=dim, name=b.name)
+
+
+@op("aten.split_with_sizes.default", "aten.split.Tensor")
+def _split(b, x, sizes, dim=0):
+    dim %= len(x.shape)
+    n = x.shape[dim]
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)]
+    out, start = [], 0
+    for k, size in enumerate(sizes):
+        out.append(F.index(x, (slice(None),) * dim + (slice(start, start + size),), name=f"{b.name}/{k}"))
+        start += size
+    return tuple(out)
+
+
+@op("aten.unbind.int")
+def _unbind(b, x, dim=0):
+    dim %= len(x.shape)
+    return tuple(F.index(x, (slice(None),) * dim + (k,), name=f"{b.name}/{k}") for k in range(x.shape[dim]))
+
+
+@op("aten.flip.default")
+def _flip(b, x, dims):
+    key = [slice(None)] * len(x.shape)
+    for d in dims:
+        key[d % len(x.shape)] = slice(None, None, -1)
+    return F.index(x, tuple(key), name=b.name)
+
+
+@op("aten.constant_pad_nd.default")
+def _pad(b, x, pad, value=0.0):
+    return _padded(b, x, [(pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)], value, b.name)
+
+
+def _padded(b, x, pads, value, name):
+    """``x`` padded with ``value``: ``pads[i]`` = (before, after) for the i-th axis from the last."""
+    rank = len(x.shape)
+    for i, (before, after) in enumerate(pads):
+        if before < 0 or after < 0:
+            raise Unsupported("negative padding")
+        axis = rank - 1 - i
+        parts = []
+        for width in (before, after):
+            shape = list(x.shape)
+            shape[axis] = width
+            parts.append(F.broadcast_to(b.const(np.asarray(value, x.dtype)), shape, name=b.tmp()) if width else None)
+        pieces = [p for p in (parts[0], x, parts[1]) if p is not None]
+        if len(pieces) > 1:
+            last = all(q == (0, 0) for q in pads[i + 1:])
+            x = F.concat(pieces, axis=axis, name=name if last else b.tmp())
+    return x
+
+
+# ---------------------------------------------------------------- constants
+
+@op("aten.full.default")
+def _full(b, size, fill_value, **_):
+    return _filled(b, fill_value)
+
+
+@op("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")
+def _full_like(b, x, fill_value=None, **_):
+    fill = {"aten.zeros_like.default": 0, "aten.ones_like.default": 1}.get(b.target, fill_value)
+    return _filled(b, fill)
+
+
+@op("aten.scalar_tensor.default")
+def _scalar_tensor(b, value, **_):
+    return b.const(np.asarray(value, b.dtype), name=b.name)
+
+
+@op("aten.arange.start_step", "aten.arange.default", "aten.arange.start")
+def _arange(b, *args, **_):
+    return b.const(np.arange(*args).astype(b.dtype), name=b.name)
+
+
+def _filled(b, fill):
+    value = b.const(np.asarray(fill, b.dtype))
+    return value if not b.shape else F.broadcast_to(value, b.shape, name=b.name)
+
+
+# ---------------------------------------------------------------- reductions
+
+@op("aten.sum.dim_IntList", "aten.sum.default")
+def _sum(b, x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None and b.dtype != x.dtype:
+        raise Unsupported("sum with a dtype cast")
+    return F.sum(x, _dims(dim, len(x.shape)), keepdim, name=b.name)
+
+
+@op("aten.mean.dim", "aten.mean.default")
+def _mean(b, x, dim=None, keepdim=False, *, dtype=None):
+    return F.mean(x, _dims(dim, len(x.shape)), keepdim, name=b.name)
+
+
+@op("aten.amax.default")
+def _amax(b, x, dim=(), keepdim=False):
+    return F.max(x, _dims(dim, len(x.shape)), keepdim, name=b.name)
+
+
+@op("aten.amin.default")
+def _amin(b, x, dim=(), keepdim=False):
+    return _min(b, x, _dims(dim, len(x.shape)), keepdim, b.name)
+
+
+def _min(b, x, axes, keepdim, name):
+    minimum = _contract("min")
+    if minimum is not None:
+        return minimum(x, axes, keepdim, name=name)
+    return F.neg(F.max(F.neg(x, name=b.tmp()), axes, keepdim, name=b.tmp()), name=name)
+
+
+@op("aten.max.dim")
+def _max_dim(b, x, dim, keepdim=False):
+    values = F.max(x, dim, keepdim, name=b.name)
+    return values, _arg("argmax", b, x, dim, keepdim)
+
+
+@op("aten.min.dim")
+def _min_dim(b, x, dim, keepdim=False):
+    return _min(b, x, (dim,), keepdim, b.name), _arg("argmin", b, x, dim, keepdim)
+
+
+@op("aten.argmax.default", "aten.argmin.default")
+def _argmax(b, x, dim=None, keepdim=False):
+    which = "argmax" if "argmax" in b.target else "argmin"
+    result = _arg(which, b, x, dim, keepdim, name=b.name)
+    if isinstance(result, Missing):
+        raise Unsupported(result.reason)
+    return result
+
+
+def _arg(which, b, x, dim, keepdim, name=None):
+    """The indices of the max/min along ``dim`` (the contract's argmax/argmin), or Missing."""
+    fn = _contract(which)
+    if fn is None or dim is None:
+        return Missing(f"{which} (indices of a max or min) is not a semigrad op of this client")
+    if not keepdim:
+        return fn(x, dim, name=name or f"{b.name}/{which}")
+    index = fn(x, dim, name=f"{b.name}/{which}")
+    return F.reshape(index, _keep(x.shape, dim), name=name or f"{b.name}/{which}/keepdim")
+
+
+def _keep(shape, dim):
+    shape = list(shape)
+    shape[dim % len(shape)] = 1
+    return shape
+
+
+@op("aten.any.dim", "aten.any.dims", "aten.any.default")
+def _any(b, x, dim=None, keepdim=False):
+    flag = x if x.dtype == "bool" else F.ne(x, b.const(np.zeros((), x.dtype)), name=b.tmp())
+    ones = F.where(flag, b.const(np.float64(1)), b.const(np.float64(0)), name=b.tmp())
+    total = F.sum(ones, _dims(dim, len(x.shape)), keepdim, name=b.tmp())
+    return F.gt(total, b.const(np.float64(0)), name=b.name)
+
+
+@op("aten.var.correction", "aten.var.dim")
+def _var(b, x, dim=None, *, correction=None, keepdim=False, unbiased=None):
+    axes = _dims(dim, len(x.shape))
+    n = math.prod(x.shape) if axes is None else math.prod(x.shape[a] for a in axes)
+    c = 1 if correction is None and unbiased is not False else (correction or 0)
+    centred = F.sub(x, F.mean(x, axes, True, name=b.tmp()), name=b.tmp())
+    total = F.sum(F.mul(centred, centred, name=b.tmp()), axes, keepdim, name=b.tmp())
+    return F.div(total, b.const(np.asarray(n - c, x.dtype)), name=b.name)
+
+
+# ---------------------------------------------------------------- matrix products
+
+@op("aten.mm.default", "aten.bmm.default")
+def _mm(b, x, y):
+    return F.matmul(x, y, name=b.name)
+
+
+@op("aten.addmm.default", "aten.baddbmm.default")
+def _addmm(b, bias, x, y, *, beta=1, alpha=1):
+    product = F.matmul(x, y, name=b.tmp())
+    if alpha != 1:
+        product = F.mul(product, b.const(np.asarray(alpha, product.dtype)), name=b.tmp())
+    if beta == 0:
+        return product
+    if beta != 1:
+        bias = F.mul(bias, b.const(np.asarray(beta, bias.dtype)), name=b.tmp())
+    return F.add(bias, product, name=b.name)
+
+
+# ---------------------------------------------------------------- embedding / gather
+
+@op("aten.embedding.default")
+def _embedding(b, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if scale_grad_by_freq:
+        raise Unsupported("embedding with scale_grad_by_freq=True")
+    return _take(b, weight, indices, 0, b.name)
+
+
+@op("aten.index_select.default")
+def _index_select(b, x, dim, index):
+    return _take(b, x, index, dim, b.name)
+
+
+def _take(b, x, indices, axis, name):
+    """``np.take(x, indices, axis)``: the contract's gather, or a one-hot matmul without it."""
+    gather = _contract("gather")
+    if gather is not None:
+        return gather(x, indices, axis=axis, name=name)
+    axis %= len(x.shape)
+    n = x.shape[axis]
+    rank = len(indices.shape)
+    column = F.reshape(indices, (*indices.shape, 1), name=b.tmp())
+    hot = F.eq(column, b.const(np.arange(n, dtype=np.int64)), name=b.tmp())
+    one_hot = F.where(hot, b.const(np.ones((), x.dtype)), b.const(np.zeros((), x.dtype)), name=b.tmp())
+    moved = F.transpose(x, [axis] + [a for a in range(len(x.shape)) if a != axis], name=b.tmp())
+    rest = moved.shape[1:]
+    flat = F.reshape(moved, (n, math.prod(rest)), name=b.tmp())
+    taken = F.reshape(F.matmul(one_hot, flat, name=b.tmp()), (*indices.shape, *rest), name=b.tmp())
+    # taken: indices.shape + x.shape without axis; put the indices' axes where axis was
+    order = (list(range(rank, rank + axis)) + list(range(rank)) + list(range(rank + axis, rank + len(rest))))
+    return F.transpose(taken, order, name=name) if order != sorted(order) else taken
+
+
+# ---------------------------------------------------------------- normalisation
+
+@op("aten._softmax.default")
+def _softmax(b, x, dim, half_to_float=False):
+    fn = _contract("softmax")
+    if fn is not None:
+        return fn(x, axis=dim, decomposed=b.decomposed, name=b.name)
+    e = _shifted_exp(b, x, dim)
+    return F.div(e, F.sum(e, (dim,), True, name=b.tmp()), name=b.name)
+
+
+@op("aten._log_softmax.default")
+def _log_softmax(b, x, dim, half_to_float=False):
+    fn = _contract("log_softmax")
+    if fn is not None:
+        return fn(x, axis=dim, decomposed=b.decomposed, name=b.name)
+    shifted = F.sub(x, F.max(x, (dim,), True, name=b.tmp()), name=b.tmp())
+    total = F.sum(F.exp(shifted, name=b.tmp()), (dim,), True, name=b.tmp())
+    return F.sub(shifted, F.log(total, name=b.tmp()), name=b.name)
+
+
+def _shifted_exp(b, x, dim):
+    return F.exp(F.sub(x, F.max(x, (dim,), True, name=b.tmp()), name=b.tmp()), name=b.tmp())
+
+
+@op("aten.logsumexp.default")
+def _logsumexp(b, x, dim, keepdim=False):
+    fn = _contract("logsumexp")
+    axes = _dims(dim, len(x.shape))
+    if fn is not None:
+        return fn(x, axis=axes, keepdims=keepdim, decomposed=b.decomposed, name=b.name)
+    top = F.max(x, axes, True, name=b.tmp())
+    total = F.sum(F.exp(F.sub(x, top, name=b.tmp()), name=b.tmp()), axes, True, name=b.tmp())
+    result = F.add(F.log(total, name=b.tmp()), top, name=b.tmp() if not keepdim else b.name)
+    return result if keepdim else F.reshape(result, b.shape, name=b.name)
+
+
+@op("aten.native_layer_norm.default")
+def _layer_norm(b, x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(-len(normalized_shape), 0))
+    fn = _contract("layer_norm")
+    if fn is not None:
+        y = fn(x, axes=axes, eps=eps, decomposed=b.decomposed,
+               name=b.name if weight is None and bias is None else b.tmp())
+    else:
+        centred = F.sub(x, F.mean(x, axes, True, name=b.tmp()), name=b.tmp())
+        var = F.mean(F.mul(centred, centred, name=b.tmp()), axes, True, name=b.tmp())
+        std = F.sqrt(F.add(var, b.const(np.asarray(eps, x.dtype)), name=b.tmp()), name=b.tmp())
+        y = F.div(centred, std, name=b.name if weight is None and bias is None else b.tmp())
+    if weight is not None:
+        y = F.mul(y, weight, name=b.name if bias is None else b.tmp())
+    if bias is not None:
+        y = F.add(y, bias, name=b.name)
+    missing = Missing("the mean and rstd results of native_layer_norm")
+    return y, missing, missing
+
+
+@op("aten._native_batch_norm_legit_no_training.default")
+def _batch_norm(b, x, weight, bias, running_mean, running_var, momentum, eps):
+    shape = (-1,) + (1,) * (len(x.shape) - 2)  # per channel (axis 1), broadcast over the rest
+
+    def channel(v):
+        return F.reshape(v, shape, name=b.tmp())
+
+    std = F.sqrt(F.add(channel(running_var), b.const(np.asarray(eps, x.dtype)), name=b.tmp()), name=b.tmp())
+    y = F.div(F.sub(x, channel(running_mean), name=b.tmp()), std,
+              name=b.name if weight is None and bias is None else b.tmp())
+    if weight is not None:
+        y = F.mul(y, channel(weight), name=b.name if bias is None else b.tmp())
+    if bias is not None:
+        y = F.add(y, channel(bias), name=b.name)
+    missing = Missing("the saved statistics of batch_norm")
+    return y, missing, missing
+
+
+# ---------------------------------------------------------------- convolution and pooling
+
+def _pair(v, n):
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * n if len(v) == 1 else v
+
+
+@op("aten.convolution.default")
+def _convolution(b, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise Unsupported("transposed convolution")
+    n = len(w.shape) - 2
+    if n not in (1, 2):
+        raise Unsupported(f"convolution over {n} spatial dimensions (1 and 2 are supported)")
+    stride, padding, dilation = _pair(stride, n), _pair(padding, n), _pair(dilation, n)
+    fn = _contract(f"conv{n}d")
+    if fn is not None:
+        y = fn(x, w, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
+               name=b.name if bias is None else b.tmp())
+    else:
+        y = _conv_fallback(b, x, w, stride, padding, dilation, groups, name=b.name if bias is None else b.tmp())
+    if bias is None:
+        return y
+    return F.add(y, F.reshape(bias, (-1,) + (1,) * n, name=b.tmp()), name=b.name)
+
+
+def _windows(b, x, kernel, stride, padding, dilation, fill):
+    """Per kernel offset, the strided slice of ``x`` (N, C, *spatial) it meets: (offset, slice)."""
+    n = len(kernel)
+    if any(padding):
+        x = _padded(b, x, [(p, p) for p in reversed(padding)], fill, b.tmp())
+    spatial = x.shape[2:]
+    out = [(spatial[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
+    for offset in np.ndindex(*kernel):
+        key = (slice(None), slice(None)) + tuple(
+            slice(offset[i] * dilation[i], offset[i] * dilation[i] + (out[i] - 1) * stride[i] + 1, stride[i])
+            for i in range(n))
+        yield offset, F.index(x, key, name=b.tmp())
+
+
+def _conv_fallback(b, x, w, stride, padding, dilation, groups, name):
+    """Convolution as a sum over kernel offsets of (channels-last slice) @ (weight slice)ᵀ."""
+    n = len(w.shape) - 2
+    out_channels, per_group = w.shape[0], w.shape[1]
+    per_out = out_channels // groups
+    results = []
+    for g in range(groups):
+        xg = x if groups == 1 else F.index(x, (slice(None), slice(g * per_group, (g + 1) * per_group)), name=b.tmp())
+        terms = []
+        for offset, window in _windows(b, xg, w.shape[2:], stride, padding, dilation, 0.0):
+            last = F.transpose(window, [0, *range(2, 2 + n), 1], name=b.tmp())  # N, *out, C
+            kernel = F.index(w, (slice(g * per_out, (g + 1) * per_out), slice(None), *offset), name=b.tmp())  # O, C
+            terms.append(F.matmul(last, F.transpose(kernel, None, name=b.tmp()), name=b.tmp()))
+        total = terms[0] if len(terms) == 1 else F.sum(F.stack(terms, axis=0, name=b.tmp()), 0, name=b.tmp())
+        results.append(total)
+    joined = results[0] if groups == 1 else F.concat(results, axis=-1, name=b.tmp())
+    return F.transpose(joined, [0, n + 1, *range(1, n + 1)], name=name)
+
+
+@op("aten.max_pool2d_with_indices.default", "aten.max_pool1d_with_indices.default")
+def _max_pool(b, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    n = 2 if "2d" in b.target else 1
+    if ceil_mode:
+        raise Unsupported("max pooling with ceil_mode=True")
+    kernel = _pair(kernel_size, n)
+    stride = _pair(stride, n) if stride else kernel
+    padding, dilation = _pair(padding, n), _pair(dilation, n)
+    fn = _contract(f"max_pool{n}d")
+    if fn is not None and dilation == [1] * n:
+        values = fn(x, tuple(kernel), stride=tuple(stride), padding=tuple(padding), name=b.name)
+    else:
+        slices = [s for _, s in _windows(b, x, kernel, stride, padding, dilation, -np.inf)]
+        values = slices[0] if len(slices) == 1 else F.max(F.stack(slices, axis=-1, name=b.tmp()), -1, name=b.name)
+    return values, Missing("the indices of max pooling")
+
+
+@op("aten.avg_pool2d.default", "aten.avg_pool1d.default")
+def _avg_pool(b, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+    n = 2 if "2d" in b.target else 1
+    if ceil_mode or not count_include_pad or divisor_override is not None:
+        raise Unsupported("average pooling with ceil_mode, count_include_pad=False or divisor_override")
+    kernel = _pair(kernel_size, n)
+    stride = _pair(stride, n) if stride else kernel
+    padding = _pair(padding, n)
+    fn = _contract(f"avg_pool{n}d")
+    if fn is not None:
+        return fn(x, tuple(kernel), stride=tuple(stride), padding=tuple(padding), name=b.name)
+    slices = [s for _, s in _windows(b, x, kernel, stride, padding, [1] * n, 0.0)]
+    return F.mean(F.stack(slices, axis=-1, name=b.tmp()), -1, name=b.name)
