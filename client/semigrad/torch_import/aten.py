@@ -282,7 +282,7 @@ def _split(b, x, sizes, dim=0):
         sizes = [min(sizes, n - s) for s in range(0, n, sizes)]
     out, start = [], 0
     for k, size in enumerate(sizes):
-        out.append(F.index(x, (slice(None),) * dim + (slice(start, start + size),), name=f"{b.name}/{k}"))
+        out.append(F.index(x, (slice(None),) * dim + (slice(start, start + size),), name=b.tmp()))
         start += size
     return tuple(out)
 
@@ -290,7 +290,7 @@ def _split(b, x, sizes, dim=0):
 @op("aten.unbind.int")
 def _unbind(b, x, dim=0):
     dim %= len(x.shape)
-    return tuple(F.index(x, (slice(None),) * dim + (k,), name=f"{b.name}/{k}") for k in range(x.shape[dim]))
+    return tuple(F.index(x, (slice(None),) * dim + (k,), name=b.tmp()) for k in range(x.shape[dim]))
 
 
 @op("aten.flip.default")

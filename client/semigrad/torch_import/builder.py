@@ -32,12 +32,12 @@ class NodeBuilder:
         self.shape = shape
         self.dtype = dtype
         self.decomposed = decomposed
-        self.count = 0
+        self.helpers: list[str] = []
 
     def tmp(self) -> str:
         """A fresh node id for a helper node."""
-        self.count += 1
-        return f"{self.name}/{self.count}"
+        self.helpers.append(f"{self.name}/{len(self.helpers) + 1}")
+        return self.helpers[-1]
 
     def const(self, value, name: str | None = None):
         """A const node holding ``value``."""

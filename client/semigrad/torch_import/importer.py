@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import operator
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,14 @@ def _torch():
 def _FunctionModule(torch, fn):
     """A module whose forward is ``fn``, for exporting a plain function."""
 
+    # torch.export keeps only frames of functions named "forward" in node.meta["stack_trace"] unless
+    # a function is registered as an anchor (torch's own annotate_fn does this): register fn so
+    # unsupported ops are reported at their line in it. Where torch lacks the hook, the location
+    # is the wrapper's line.
+    anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if anchor is not None:
+        anchor(fn)
+
     class FunctionModule(torch.nn.Module):
         def forward(self, *args, **kwargs):
             return fn(*args, **kwargs)
@@ -141,14 +150,16 @@ def _array(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def _location(node) -> str:
-    """Where in the user's source ``node`` was made: the innermost frame of its stack trace."""
+def _location(node, skip: Sequence[str] = ()) -> str:
+    """Where in the user's source ``node`` was made: the innermost frame of its stack trace outside
+    the directories ``skip`` (torch's own and this package's), else the innermost frame."""
     trace = (node.meta.get("stack_trace") or "").strip().splitlines()
     frames = [i for i, line in enumerate(trace) if line.strip().startswith("File ")]
     if not frames:
         return "no source location recorded"
-    i = frames[-1]
-    code = trace[i + 1].strip() if i + 1 < len(trace) else ""
+    mine = [i for i in frames if not any(f'"{d}' in trace[i] for d in skip)]
+    i = (mine or frames)[-1]
+    code = trace[i + 1].strip() if i + 1 < len(trace) and i + 1 not in frames else ""
     return trace[i].strip() + (f": {code}" if code else "")
 
 
@@ -176,6 +187,7 @@ class _Importer:
         self.modules: dict[str, str] = {}
         self.input_names: set[str] = set()
         self.taken: set[str] = set()  # input names and node ids share one namespace
+        self.skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
 
     def run(self) -> TorchImport:
         parameters, buffers, leaves, user_inputs = self.placeholders()
@@ -260,11 +272,13 @@ class _Importer:
 
     def call(self, node) -> None:
         fx = self.torch.fx
-        sources = [n.name for n in node.all_input_nodes]
-        if any(s in self.failed for s in sources):
-            self.failed.add(node.name)  # its cause is reported already
-            return
         target = "getitem" if node.target is operator.getitem else str(node.target)
+        if any(n.name in self.failed for n in node.all_input_nodes):
+            self.failed.add(node.name)  # the cause is reported already; an op of its own missing too
+            if target != "getitem" and target not in TABLE:
+                self.problem(node, target, "no semigrad translation for this ATen op")
+            return
+        builder = None
         try:
             args = fx.node.map_arg(node.args, lambda n: self.value(n))
             kwargs = fx.node.map_arg(node.kwargs, lambda n: self.value(n))
@@ -289,9 +303,11 @@ class _Importer:
         self.env[node.name] = value
         if hasattr(value, "id"):
             self.nodes[node.name] = value.id
-            path = _module_path(node)
-            if path and value.id not in self.input_names:
-                self.modules.setdefault(value.id, path)
+        path = _module_path(node)
+        if path and builder is not None:
+            results = {v.id for v in (value if isinstance(value, tuple) else (value,)) if hasattr(v, "id")}
+            for made in [*builder.helpers, *([builder.name] if builder.name in results else [])]:
+                self.modules[made] = path
 
     def value(self, node):
         value = self.env[node.name]
@@ -331,4 +347,5 @@ class _Importer:
         return tuple(names)
 
     def problem(self, node, op: str, why: str) -> None:
-        self.problems.append((op, getattr(node, "name", "?"), _location(node) if node is not None else "", why))
+        where = _location(node, self.skip) if node is not None else ""
+        self.problems.append((op, getattr(node, "name", "?"), where, why))

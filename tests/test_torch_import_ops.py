@@ -1,0 +1,180 @@
+"""The ATen table entry by entry: small torch functions and modules imported with sg.from_torch give
+torch's values and torch.autograd's gradients w.r.t. every float input, parameter and buffer
+(float64, rtol 1e-10); what cannot be imported is reported all at once with source lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import semigrad as sg
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def _t(*shape, seed=0, positive=False):
+    x = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    return x.abs() + 0.5 if positive else x
+
+
+class Fn(nn.Module):
+    """A function with its own float64 parameters ``w`` (so their gradients are checked too)."""
+
+    def __init__(self, fn, **params):
+        super().__init__()
+        self.fn = fn
+        for k, v in params.items():
+            self.register_parameter(k, nn.Parameter(v))
+
+    def forward(self, *args):
+        return self.fn(self, *args)
+
+
+def _m(module):
+    torch.manual_seed(0)
+    return module.double().eval()
+
+
+CASES = {
+    # name: (module, example args)
+    "elementwise": (Fn(lambda m, x: torch.sigmoid(x) * torch.exp(-x) + torch.sin(x) / (torch.cos(x) + 2)
+                       - torch.tanh(x) ** 2 + torch.abs(x) + torch.log1p(x * x) + torch.expm1(x / 3)), (_t(5),)),
+    "scalar_ops": (Fn(lambda m, x: 1 - 2 * x + x / 3 - torch.rsqrt(x) + torch.reciprocal(x) + 2 ** x
+                      + torch.sqrt(x) * torch.log(x)), (_t(4, positive=True),)),
+    "compare_where": (Fn(lambda m, x, y: torch.where(x > y, x * y, torch.maximum(x, y) - torch.minimum(x, 0.5 * y))
+                         + torch.where(x <= 0.1, 0.0, x)), (_t(3, 4), _t(4, seed=1))),
+    "clamp_relu": (Fn(lambda m, x: torch.clamp(x, -0.5, 0.7) + F.leaky_relu(x, 0.1) + F.hardtanh(x)
+                      + torch.relu(x) + F.relu6(x)), (_t(10),)),
+    "gelu_both": (Fn(lambda m, x: F.gelu(x) + F.gelu(x, approximate="tanh")), (_t(7),)),
+    "reductions": (Fn(lambda m, x: torch.cat([x.sum(0), x.mean(1), x.amax(1), x.amin(0), x.var(1),
+                                               x.sum().reshape(1), x.std(0), torch.logsumexp(x, 1),
+                                               x.max(dim=1).values, x.mean().reshape(1), x.min(0, keepdim=True).values[0]])),
+                   (_t(3, 4),)),
+    "shapes": (Fn(lambda m, x: torch.cat([x.permute(2, 0, 1).reshape(-1), x[:, 1:, ::2].flatten(),
+                                          x.transpose(0, 1)[0].reshape(-1), x.unsqueeze(0).expand(2, 2, 3, 4).sum(0)
+                                          .flatten(), torch.flip(x, [0, 2]).flatten(), x[1, 2],
+                                          torch.stack([x[0], x[1]], 1).flatten()])), (_t(2, 3, 4),)),
+    "split_unbind_pad": (Fn(lambda m, x: torch.cat([*(p.sum(1) for p in torch.split(x, [1, 3], 1)),
+                                                    *torch.unbind(x, 0), F.pad(x, (1, 2, 0, 1), value=0.5).flatten()])),
+                         (_t(2, 4),)),
+    "matmuls": (Fn(lambda m, a, b: (a @ b).sum(0) + torch.bmm(a, b).sum(0) + torch.addmm(m.w[0], a[0], b[0], beta=0.5,
+                                                                                          alpha=2.0)
+                   + torch.baddbmm(m.w, a, b).sum(0) + torch.einsum("bij,bjk->ik", a, b),
+                   w=_t(2, 3, 5, seed=7)), (_t(2, 3, 4), _t(2, 4, 5, seed=1))),
+    "softmaxes": (Fn(lambda m, x: torch.softmax(x, -1) * torch.log_softmax(x, 0) + torch.softmax(x @ m.w, 1)[:, :1],
+                     w=_t(4, 4, seed=3)), (_t(3, 4),)),
+    "layer_norm": (nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 6), nn.LayerNorm((2, 6), elementwise_affine=False)),
+                   (_t(2, 6),)),
+    "batch_norm_eval": (nn.Sequential(nn.Conv2d(2, 3, 2), nn.BatchNorm2d(3), nn.Flatten(), nn.Linear(3 * 4 * 4, 2)),
+                        (_t(1, 2, 5, 5),)),
+    "embedding_index_select": (Fn(lambda m, i, x: (F.embedding(i, m.w) * 2).sum(1) + torch.index_select(m.w, 0, i[0]).sum(0)
+                                  + x, w=_t(7, 5, seed=4)),
+                               (torch.tensor([[1, 6, 1, 0, 4]]), _t(1, 7, seed=2)[:, :5])),
+    "conv1d": (nn.Sequential(nn.Conv1d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), nn.Tanh(),
+                             nn.MaxPool1d(2), nn.AvgPool1d(2, stride=1, padding=1)), (_t(2, 4, 13),)),
+    "conv2d": (nn.Sequential(nn.Conv2d(3, 4, (3, 2), stride=(2, 1), padding=(1, 0)), nn.Sigmoid(),
+                             nn.MaxPool2d(2, stride=1, padding=1), nn.AvgPool2d(2), nn.Conv2d(4, 2, 1, bias=False)),
+               (_t(2, 3, 7, 6),)),
+    "dropout_eval": (nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.ReLU()), (_t(2, 3),)),
+    "two_outputs": (Fn(lambda m, x: (x * m.w, (x @ m.w.T).tanh()), w=_t(3, 3, seed=5)), (_t(3,),)),
+}
+
+
+def _reference(module, args, seeds):
+    """Outputs and torch.autograd gradients of <outputs, seeds> w.r.t. float inputs and parameters
+    (torch refuses gradients of batch
+    norm's running statistics)."""
+    state = {**{k: v.detach().clone().requires_grad_() for k, v in module.named_parameters()},
+             **dict(module.named_buffers())}
+    inputs = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    outs = torch.func.functional_call(module, state, tuple(inputs))
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    wrt = {k: v for k, v in state.items() if v.requires_grad}
+    wrt.update({f"arg{i}": a for i, a in enumerate(inputs) if a.requires_grad})
+    grads = torch.autograd.grad(outs, list(wrt.values()), grad_outputs=[torch.from_numpy(s) for s in seeds],
+                                allow_unused=True)
+    return [o.detach().numpy() for o in outs], {k: (np.zeros(v.shape) if g is None else g.numpy())
+                                                 for (k, v), g in zip(wrt.items(), grads)}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_matches_torch(name, client, rng):
+    module, args = CASES[name]
+    module = _m(module)
+    result = sg.from_torch(module, args)
+    with torch.no_grad():
+        outs = module(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    seeds = [rng.standard_normal(o.shape) for o in outs]
+    want_outs, want_grads = _reference(module, args, seeds)
+    graph = client.register(result.graph)
+    float_args = [name for name, a in zip(result.user_inputs, args) if a.is_floating_point()]
+    wrt = list(result.parameters) + float_args
+    grads, got = graph.gradient(result.inputs_for(*args), wrt=wrt, return_outputs=True,
+                                seeds=dict(zip(result.outputs, seeds)))
+    for output, want in zip(result.outputs, want_outs):
+        np.testing.assert_allclose(got[output], want, rtol=1e-10, atol=1e-12, err_msg=output)
+    renamed = dict(zip(result.user_inputs, (f"arg{i}" for i, a in enumerate(args))))
+    for key, g in grads.items():
+        want = want_grads[renamed.get(key, key)]
+        np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12 * max(1.0, np.abs(want).max()), err_msg=key)
+    assert set(renamed.get(k, k) for k in grads) == set(want_grads)
+
+
+def test_unsupported_ops_are_listed_at_once_with_their_lines():
+    def model(x):
+        a = torch.sort(x).values  # line A
+        b = torch.remainder(a, 2.0)  # line B: unsupported, and after an unsupported op
+        return a + b + torch.sin(x)
+
+    with pytest.raises(sg.TorchImportError) as info:
+        sg.from_torch(model, (_t(5),))
+    message = str(info.value)
+    ops = {op for op, *_ in info.value.problems}
+    assert {"aten.sort.default", "aten.remainder.Scalar"} <= ops, message
+    assert "aten.sin.default" not in ops
+    assert "torch.sort(x).values  # line A" in message and "torch.remainder(a, 2.0)  # line B" in message
+    assert "test_torch_import_ops.py" in message
+
+
+def test_a_module_that_mutates_its_buffers_is_refused():
+    with pytest.raises(sg.TorchImportError, match="mutates 'running_mean'.*eval mode"):
+        sg.from_torch(nn.BatchNorm1d(3).double().train(), (_t(4, 3),))
+
+
+def test_params_as_constants(client):
+    module = _m(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
+    x = _t(3)
+    result = sg.from_torch(module, (x,), params="constants")
+    assert [i.name for i in result.graph.to_proto().inputs] == ["input"] == list(result.user_inputs)
+    assert result.parameters == {} and result.buffers == {}
+    got = client.register(result.graph).evaluate({"input": x.numpy()})["output"]
+    np.testing.assert_allclose(got, module(x).detach().numpy(), rtol=1e-12)
+
+
+def test_names_follow_the_state_dict_and_the_modules():
+    module = _m(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Tanh()))
+    result = sg.from_torch(module, (_t(2, 3),))
+    assert list(result.parameters) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert list(result.buffers) == ["1.running_mean", "1.running_var"]  # num_batches_tracked is unused: no input
+    inputs = {i.name for i in result.graph.to_proto().inputs}
+    assert inputs == {"input", *result.parameters, *result.buffers}
+    tanh = result.nodes["tanh"]
+    assert tanh == "tanh" and result.modules[tanh] == "2"
+    assert {result.modules[i] for i in result.modules if i.startswith("addmm")} == {"0"}
+
+
+def test_torch_is_not_imported_by_the_client():
+    code = "import sys, semigrad; assert 'torch' not in sys.modules; semigrad.from_torch"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_params_choice():
+    with pytest.raises(ValueError, match="params must be one of"):
+        sg.from_torch(nn.Linear(2, 2), (_t(2),), params="weights")
