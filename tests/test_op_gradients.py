@@ -45,6 +45,53 @@ def shifted(rng, shape):
     return distinct(rng, shape) + 0.25
 
 
+# ---- NumPy references for the neural-network ops, written out independently of the server's kernels
+
+
+def np_softmax(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def np_logsumexp(x, axis):
+    return np.log(np.sum(np.exp(x), axis=axis))
+
+
+def np_layer_norm(x, axes, eps=1e-5):
+    return (x - np.mean(x, axis=axes, keepdims=True)) / np.sqrt(np.var(x, axis=axes, keepdims=True) + eps)
+
+
+def np_conv(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """Convolution by the definition, one output element at a time (x: N, C, *S; w: O, C/g, *K)."""
+    nd = x.ndim - 2
+    st, pd, dl = ([v] * nd if np.isscalar(v) else list(v) for v in (stride, padding, dilation))
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pd])
+    out_sp = [(xp.shape[2 + i] - dl[i] * (w.shape[2 + i] - 1) - 1) // st[i] + 1 for i in range(nd)]
+    out = np.zeros((x.shape[0], w.shape[0], *out_sp))
+    cg, og = x.shape[1] // groups, w.shape[0] // groups
+    for n in range(x.shape[0]):
+        for o in range(w.shape[0]):
+            for pos in np.ndindex(*out_sp):
+                for c in range(cg):
+                    for k in np.ndindex(*w.shape[2:]):
+                        src = tuple(pos[i] * st[i] + k[i] * dl[i] for i in range(nd))
+                        out[(n, o) + pos] += w[(o, c) + k] * xp[(n, (o // og) * cg + c) + src]
+    return out
+
+
+def np_pool(x, kernel, stride=None, padding=0, kind="max"):
+    """Pooling by the definition (PyTorch's: -inf padding for max, zeros counted for avg)."""
+    nd = x.ndim - 2
+    k, st, pd = ([v] * nd if np.isscalar(v) else list(v) for v in (kernel, kernel if stride is None else stride, padding))
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pd], constant_values=-np.inf if kind == "max" else 0.0)
+    out_sp = [(xp.shape[2 + i] - k[i]) // st[i] + 1 for i in range(nd)]
+    out = np.zeros(x.shape[:2] + tuple(out_sp))
+    for index in np.ndindex(*out.shape):
+        window = xp[index[:2] + tuple(slice(index[2 + i] * st[i], index[2 + i] * st[i] + k[i]) for i in range(nd))]
+        out[index] = window.max() if kind == "max" else window.sum() / np.prod(k)
+    return out
+
+
 # id, graph fn, numpy reference, input shapes, samplers (one per input)
 CASES = [
     ("add", lambda x, y: x + y, np.add, [(3, 4), (3, 4)], [normal, normal]),
@@ -114,6 +161,27 @@ CASES = [
      [(2, 3), (2, 1)], [normal, normal]),
     ("stack", lambda x, y: sg.stack([x, y], axis=-1), lambda x, y: np.stack([x, y], axis=-1),
      [(2, 3), (2, 3)], [normal, normal]),
+    ("softmax", lambda x: sg.softmax(x, axis=0), lambda x: np_softmax(x, axis=0), [(3, 2)], [normal]),
+    ("log_softmax", sg.log_softmax, lambda x: np.log(np_softmax(x)), [(2, 3)], [normal]),
+    ("logsumexp", lambda x: sg.logsumexp(x, axis=(0, 2)), lambda x: np_logsumexp(x, (0, 2)), [(2, 2, 2)], [normal]),
+    ("logsumexp-keepdims", lambda x: sg.logsumexp(x, keepdims=True), lambda x: np_logsumexp(x, -1)[..., None],
+     [(2, 3)], [normal]),
+    ("layer_norm", sg.layer_norm, lambda x: np_layer_norm(x, -1), [(2, 4)], [normal]),
+    ("layer_norm-axes", lambda x: sg.layer_norm(x, axes=(0, 2), eps=0.1), lambda x: np_layer_norm(x, (0, 2), 0.1),
+     [(2, 2, 2)], [normal]),
+    ("conv2d", sg.conv2d, np_conv, [(1, 2, 3, 3), (2, 2, 2, 2)], [normal, normal]),
+    ("conv2d-stride-padding-groups", lambda x, w: sg.conv2d(x, w, stride=(2, 1), padding=1, groups=2),
+     lambda x, w: np_conv(x, w, (2, 1), 1, 1, 2), [(1, 2, 3, 3), (4, 1, 2, 2)], [normal, normal]),
+    ("conv1d-dilation", lambda x, w: sg.conv1d(x, w, padding=1, dilation=2),
+     lambda x, w: np_conv(x, w, 1, 1, 2), [(2, 2, 4), (3, 2, 2)], [normal, normal]),
+    ("max_pool2d", lambda x: sg.max_pool2d(x, 2), lambda x: np_pool(x, 2), [(1, 2, 4, 4)], [distinct]),
+    ("max_pool2d-overlap-padding", lambda x: sg.max_pool2d(x, 3, stride=2, padding=1),
+     lambda x: np_pool(x, 3, 2, 1), [(1, 1, 4, 5)], [distinct]),
+    ("max_pool1d", lambda x: sg.max_pool1d(x, 3, stride=2, padding=1), lambda x: np_pool(x, 3, 2, 1),
+     [(1, 2, 5)], [distinct]),
+    ("avg_pool2d", lambda x: sg.avg_pool2d(x, (2, 3), stride=1, padding=1), lambda x: np_pool(x, (2, 3), 1, 1, "avg"),
+     [(1, 1, 3, 3)], [normal]),
+    ("avg_pool1d", lambda x: sg.avg_pool1d(x, 2), lambda x: np_pool(x, 2, kind="avg"), [(2, 1, 5)], [normal]),
     ("composite", lambda x, w: sg.sum(sg.tanh(x @ w) ** 2, axis=0) * sg.exp(-sg.mean(x)),
      lambda x, w: np.sum(np.tanh(x @ w) ** 2, axis=0) * np.exp(-np.mean(x)), [(3, 4), (4, 2)], [normal, normal]),
 ]

@@ -61,6 +61,8 @@ from .functions import (
     transpose,
     where,
 )
+from .functions import (avg_pool1d, avg_pool2d, conv1d, conv2d, layer_norm, log_softmax, logsumexp, max_pool1d,
+                        max_pool2d, softmax)
 from .graph import CustomOp, Graph, Handle
 from .hooks import Contribution, PreHook, ServerHook
 from .messages import Gradients
@@ -82,4 +84,6 @@ __all__ = [
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
     "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
+    "avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "layer_norm", "log_softmax", "logsumexp", "max_pool1d",
+    "max_pool2d", "softmax",
 ]

@@ -222,3 +222,116 @@ def _ints(value) -> tuple[int, ...]:
     if isinstance(value, (int, np.integer)):
         return (int(value),)
     return tuple(int(v) for v in value)
+
+
+# ---------------------------------------------------------------- neural-network ops
+# Fused ops have dense per-row edges; `decomposed=True` builds the same value from primitive
+# nodes instead, whose paths differ (docs/semirings.md, "Fused and windowed ops").
+
+
+def softmax(x, axis: int = -1, *, decomposed: bool = False, name: str | None = None):
+    """``exp(x) / sum(exp(x))`` along ``axis`` (max-shifted). ``decomposed=True``: built from
+    max, sub, exp, sum and div nodes (same values and gradients, other paths)."""
+    (x,) = _handles([x])
+    if decomposed:
+        e = exp(sub(x, max(x, axis, keepdims=True)))
+        return div(e, sum(e, axis, keepdims=True), name=name)
+    return _node("softmax", [x], {"axis": int(axis)}, partial(shapes.along_axis, x.shape, int(axis)),
+                 _floating(x.dtype), name)
+
+
+def log_softmax(x, axis: int = -1, *, decomposed: bool = False, name: str | None = None):
+    """``x - logsumexp(x)`` along ``axis`` (max-shifted). ``decomposed=True``: built from max,
+    sub, exp, sum and log nodes."""
+    (x,) = _handles([x])
+    if decomposed:
+        shifted = sub(x, max(x, axis, keepdims=True))
+        return sub(shifted, log(sum(exp(shifted), axis, keepdims=True)), name=name)
+    return _node("log_softmax", [x], {"axis": int(axis)}, partial(shapes.along_axis, x.shape, int(axis)),
+                 _floating(x.dtype), name)
+
+
+def logsumexp(x, axis=-1, keepdims: bool = False, *, decomposed: bool = False, name: str | None = None):
+    """``log(sum(exp(x)))`` over ``axis`` (int, tuple of ints, or None for all), max-shifted.
+    ``decomposed=True``: built from max, sub, exp, sum, log and add nodes."""
+    (x,) = _handles([x])
+    axes = None if axis is None else _ints(axis)
+    if decomposed:
+        total = sum(exp(sub(x, max(x, axes, keepdims=True))), axes, keepdims=keepdims)
+        return add(log(total), max(x, axes, keepdims=keepdims), name=name)
+    attrs = {} if axes is None else {"axes": axes}
+    if keepdims:
+        attrs["keepdims"] = True
+    return _node("logsumexp", [x], attrs, partial(shapes.reduce, x.shape, axes, keepdims), _floating(x.dtype), name)
+
+
+def layer_norm(x, axes=(-1,), eps: float = 1e-5, *, decomposed: bool = False, name: str | None = None):
+    """``(x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance, as PyTorch); the affine
+    weight and bias are a separate mul and add. ``decomposed=True``: built from mean, sub, mul,
+    add and sqrt nodes."""
+    (x,) = _handles([x])
+    axes = _ints(axes)
+    if decomposed:
+        centred = sub(x, mean(x, axes, keepdims=True))
+        var = mean(mul(centred, centred), axes, keepdims=True)
+        return div(centred, sqrt(add(var, float(eps))), name=name)
+    return _node("layer_norm", [x], {"axes": axes, "eps": float(eps)}, partial(shapes.normalized, x.shape, axes),
+                 _floating(x.dtype), name)
+
+
+def _tuple(value, nd: int, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ``nd`` ints (PyTorch's int-or-pair arguments) as ``nd`` ints."""
+    values = _ints(value)
+    if len(values) == 1:
+        values = values * nd
+    if len(values) != nd:
+        raise ValueError(f"{what} must be an int or {nd} ints, got {value!r}")
+    return values
+
+
+def _conv(nd: int, x, w, stride, padding, dilation, groups: int, name: str | None):
+    x, w = _handles([x, w])
+    attrs = {"stride": _tuple(stride, nd, "stride"), "padding": _tuple(padding, nd, "padding"),
+             "dilation": _tuple(dilation, nd, "dilation"), "groups": int(groups)}
+    infer = partial(shapes.conv, x.shape, w.shape, attrs["stride"], attrs["padding"], attrs["dilation"], int(groups))
+    return _node(f"conv{nd}d", [x, w], attrs, infer, _floating(x.dtype, w.dtype), name)
+
+
+def conv1d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, *, name: str | None = None):
+    """PyTorch's ``conv1d`` without bias: x (N, C, L), w (O, C/groups, K)."""
+    return _conv(1, x, w, stride, padding, dilation, groups, name)
+
+
+def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, *, name: str | None = None):
+    """PyTorch's ``conv2d`` without bias: x (N, C, H, W), w (O, C/groups, KH, KW); stride,
+    padding and dilation an int or a pair."""
+    return _conv(2, x, w, stride, padding, dilation, groups, name)
+
+
+def _pool(op: str, nd: int, x, kernel_size, stride, padding, name: str | None):
+    (x,) = _handles([x])
+    kernel = _tuple(kernel_size, nd, "kernel_size")
+    attrs = {"kernel_size": kernel, "stride": kernel if stride is None else _tuple(stride, nd, "stride"),
+             "padding": _tuple(padding, nd, "padding")}
+    infer = partial(shapes.pool, x.shape, kernel, attrs["stride"], attrs["padding"])
+    return _node(op, [x], attrs, infer, _floating(x.dtype), name)
+
+
+def max_pool1d(x, kernel_size, stride=None, padding=0, *, name: str | None = None):
+    """PyTorch's ``max_pool1d`` (x: N, C, L; stride defaults to kernel_size; padding is -inf)."""
+    return _pool("max_pool1d", 1, x, kernel_size, stride, padding, name)
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, *, name: str | None = None):
+    """PyTorch's ``max_pool2d`` (x: N, C, H, W; stride defaults to kernel_size; padding is -inf)."""
+    return _pool("max_pool2d", 2, x, kernel_size, stride, padding, name)
+
+
+def avg_pool1d(x, kernel_size, stride=None, padding=0, *, name: str | None = None):
+    """PyTorch's ``avg_pool1d`` (padding counted as zeros: count_include_pad=True)."""
+    return _pool("avg_pool1d", 1, x, kernel_size, stride, padding, name)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, *, name: str | None = None):
+    """PyTorch's ``avg_pool2d`` (padding counted as zeros: count_include_pad=True)."""
+    return _pool("avg_pool2d", 2, x, kernel_size, stride, padding, name)
