@@ -45,6 +45,33 @@ def shifted(rng, shape):
     return distinct(rng, shape) + 0.25
 
 
+def indices(n):
+    """int64 indices into an axis of length n, negative ones included (they count from the end),
+    with one slot always hit twice (once by a negative index), so scatters must add up."""
+
+    def sample(rng, shape):
+        idx = rng.integers(-n, n, size=shape)
+        flat = idx.reshape(-1)
+        if flat.size >= 2:
+            flat[-1] = flat[0] - n if flat[0] >= 0 else flat[0] + n
+        return idx
+
+    sample.dtype = "int64"
+    return sample
+
+
+def scatter_add_reference(size, axis):
+    """out[..., idx[k], ...] += u[..., k, ...], one index at a time (wrapped as NumPy does)."""
+
+    def reference(u, idx):
+        out = np.zeros(u.shape[:axis] + (size,) + u.shape[axis + idx.ndim:])
+        for k in np.ndindex(*idx.shape):
+            out[(slice(None),) * axis + (idx[k] % size,)] += u[(slice(None),) * axis + k]
+        return out
+
+    return reference
+
+
 # id, graph fn, numpy reference, input shapes, samplers (one per input)
 CASES = [
     ("add", lambda x, y: x + y, np.add, [(3, 4), (3, 4)], [normal, normal]),
@@ -114,6 +141,16 @@ CASES = [
      [(2, 3), (2, 1)], [normal, normal]),
     ("stack", lambda x, y: sg.stack([x, y], axis=-1), lambda x, y: np.stack([x, y], axis=-1),
      [(2, 3), (2, 3)], [normal, normal]),
+    ("gather-embedding", lambda x, i: sg.gather(x, i), lambda x, i: np.take(x, i, axis=0),
+     [(5, 3), (2, 3)], [normal, indices(5)]),
+    ("gather-axis1-batched-indices", lambda i, x: sg.gather(x, i, axis=1), lambda i, x: np.take(x, i, axis=1),
+     [(4,), (2, 5, 3)], [indices(5), normal]),
+    ("gather-last-axis-scalar-index", lambda x, i: sg.gather(x, i, axis=-1) * sg.sum(x),
+     lambda x, i: np.take(x, i, axis=-1) * np.sum(x), [(2, 3), ()], [normal, indices(3)]),
+    ("scatter_add", lambda u, i: sg.scatter_add(u, i, 4, axis=1), lambda u, i: scatter_add_reference(4, 1)(u, i),
+     [(2, 3, 2), (3,)], [normal, indices(4)]),
+    ("scatter_add-batched-indices", lambda i, u: sg.scatter_add(sg.tanh(u), i, 3),
+     lambda i, u: scatter_add_reference(3, 0)(np.tanh(u), i), [(2, 2), (2, 2, 2)], [indices(3), normal]),
     ("composite", lambda x, w: sg.sum(sg.tanh(x @ w) ** 2, axis=0) * sg.exp(-sg.mean(x)),
      lambda x, w: np.sum(np.tanh(x @ w) ** 2, axis=0) * np.exp(-np.mean(x)), [(3, 4), (4, 2)], [normal, normal]),
 ]
@@ -124,7 +161,9 @@ BATCHES = {"single": (), "batched": (2,)}
 def build(case):
     name, fn, _, shapes, _ = case
     g = sg.Graph()
-    handles = [g.input(f"x{i}", shape) for i, shape in enumerate(shapes)]
+    samplers = case[4]
+    handles = [g.input(f"x{i}", shape, dtype=getattr(sampler, "dtype", "float64"))
+               for i, (shape, sampler) in enumerate(zip(shapes, samplers))]
     g.output("out", fn(*handles))
     return g
 
@@ -146,7 +185,8 @@ def test_value_and_gradient(client, rng, case, batch):
     seed = rng.normal(size=out.shape)
     grads = f.gradient(inputs, seeds={"out": seed})
     shape_of = {f"x{i}": s for i, s in enumerate(shapes)}
-    for x in inputs:
+    assert set(grads) == {x for x, v in inputs.items() if v.dtype.kind == "f"}  # no gradient for indices
+    for x in grads:
         assert grads[x].shape == batch + shape_of[x], x
         expected = finite_difference_gradient(lambda a: f.evaluate(a), inputs, shape_of, {"out": seed}, x)
         np.testing.assert_allclose(grads[x], expected, rtol=1e-6, atol=1e-7, err_msg=f"{name}: d/d{x}")

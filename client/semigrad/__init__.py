@@ -29,6 +29,7 @@ from .functions import (
     erf,
     exp,
     expm1,
+    gather,
     ge,
     gt,
     index,
@@ -47,6 +48,7 @@ from .functions import (
     pow,
     relu,
     reshape,
+    scatter_add,
     sigmoid,
     sign,
     sin,
@@ -80,4 +82,5 @@ __all__ = [
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
     "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
+    "gather", "scatter_add",
 ]

@@ -217,6 +217,43 @@ def stack(xs: Sequence, axis: int = 0, *, name: str | None = None):
     return _node("stack", xs, {"axis": int(axis)}, infer, _same(*(x.dtype for x in xs)), name)
 
 
+# ---------------------------------------------------------------- indexing by data
+
+
+def _indices(indices, graph):
+    """An int64 Handle, or ints (any integer array-like) as an int64 const of ``graph``."""
+    if _is_handle(indices):
+        if indices.dtype not in (None, "int64"):
+            raise TypeError(f"indices must be int64, got a {indices.dtype} Handle")
+        return indices
+    array = np.asarray(indices)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"indices must be integers, got {array.dtype}")
+    return graph.const(array.astype(np.int64))
+
+
+def gather(x, indices, axis: int = 0, *, name: str | None = None):
+    """``np.take(x, indices, axis)``: the result has shape ``x.shape[:axis] + indices.shape +
+    x.shape[axis+1:]``. ``indices``: an int64 Handle (input or node) or ints; each must lie in
+    [-n, n) for the axis length n (negative ones count from the end), else the request fails
+    with INVALID_ARGUMENT naming the node. An embedding lookup is ``gather(table, tokens)``."""
+    (x,) = _handles([x])
+    indices = _indices(indices, x.graph)
+    infer = partial(shapes.gather, x.shape, indices.shape, axis)
+    return _node("gather", [x, indices], {"axis": int(axis)}, infer, x.dtype, name)
+
+
+def scatter_add(updates, indices, size: int, axis: int = 0, *, name: str | None = None):
+    """Zeros with ``size`` slots along ``axis``, ``updates``' slices added at ``indices``
+    (duplicates add up): the dual of :func:`gather`, whose gradient it is. ``updates`` has the
+    indices' shape at axes ``axis .. axis + indices.ndim``."""
+    (updates,) = _handles([updates])
+    indices = _indices(indices, updates.graph)
+    infer = partial(shapes.scatter_add, updates.shape, indices.shape, int(size), axis)
+    return _node("scatter_add", [updates, indices], {"size": int(size), "axis": int(axis)}, infer,
+                 updates.dtype, name)
+
+
 def _ints(value) -> tuple[int, ...]:
     """An int or a sequence of ints as a tuple of ints."""
     if isinstance(value, (int, np.integer)):

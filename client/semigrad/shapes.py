@@ -126,3 +126,29 @@ def stack(shapes: Sequence[Shape | None], axis: int) -> Shape | None:
         raise ValueError(f"stack operands must have equal shapes, got {tuple(shapes)}")
     axis = _axis(axis, len(first) + 1)
     return first[:axis] + (len(shapes),) + first[axis:]
+
+
+def gather(shape: Shape | None, indices: Shape | None, axis: int) -> Shape | None:
+    """Result shape of ``np.take(x, indices, axis)``."""
+    if shape is None or indices is None:
+        return None
+    if not shape:
+        raise ValueError("cannot gather from a 0-d operand")
+    axis = _axis(axis, len(shape))
+    return shape[:axis] + tuple(indices) + shape[axis + 1 :]
+
+
+def scatter_add(updates: Shape | None, indices: Shape | None, size: int, axis: int) -> Shape | None:
+    """Result shape of scattering ``updates`` into ``size`` slots along ``axis`` (the updates'
+    axes ``axis .. axis + len(indices)`` are the indices' shape)."""
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    if updates is None or indices is None:
+        return None
+    q = len(indices)
+    if len(updates) - q + 1 < 1:
+        raise ValueError(f"updates {updates} have fewer axes than the indices {indices}")
+    axis = _axis(axis, len(updates) - q + 1)
+    if tuple(updates[axis : axis + q]) != tuple(indices):
+        raise ValueError(f"updates {updates} do not hold the indices' shape {indices} at axis {axis}")
+    return updates[:axis] + (size,) + updates[axis + q :]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..ir import Graph, Node, Type
-from . import elementwise, structural
+from . import elementwise, indexing, structural
 from .base import AttrSpec, OpDef, Registry
 
 REGISTRY = Registry()
 elementwise.register(REGISTRY)
 structural.register(REGISTRY)
+indexing.register(REGISTRY)
 REGISTRY.check()
 
 

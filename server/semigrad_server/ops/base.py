@@ -144,6 +144,10 @@ class Elements(Protocol):
     def semiring_one(self) -> object:
         """1̄ of the backend's semiring (1 for the real one)."""
 
+    def index(self, element: object) -> int | None:
+        """The integer an index element holds when it is known at expansion time (an integer
+        input given as a constant), else None: data-dependent indexing (gather) expands only then."""
+
 
 def element_array(values, shape) -> np.ndarray:
     """An object array of `shape` holding `values` (a flat sequence)."""
