@@ -11,12 +11,13 @@ import pytest
 import semigrad as sg
 from reference import finite_difference_gradient
 
-try:
-    from scipy.special import erf as np_erf
-except ImportError:  # the reference must not be the server's kernel: use math.erf elementwise
-    import math
+import math
 
+try:
+    from scipy.special import erf as np_erf, erfc as np_erfc
+except ImportError:  # the reference must not be the server's kernel: use math.erf elementwise
     np_erf = np.vectorize(math.erf)
+    np_erfc = np.vectorize(math.erfc)
 
 
 def normal(rng, shape):
@@ -96,6 +97,10 @@ CASES = [
     ("asinh", lambda x: sg.elementwise("asinh", x), np.arcsinh, [(4,)], [normal]),
     ("atan", lambda x: sg.elementwise("atan", x), np.arctan, [(4,)], [normal]),
     ("softsign", lambda x: sg.elementwise("softsign", x), lambda x: x / (1 + np.abs(x)), [(4,)], [away_from_zero]),
+    # GELU by other formulas than the kernels': x·erfc(-x/√2)/2, and x·sigmoid(2z) for the tanh form.
+    ("gelu", sg.gelu, lambda x: x * np_erfc(-x / np.sqrt(2)) / 2, [(6,)], [normal]),
+    ("gelu_tanh", lambda x: sg.gelu(x, approximate="tanh"),
+     lambda x: x / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))), [(6,)], [normal]),
     ("sigmoid", sg.sigmoid, lambda x: 1 / (1 + np.exp(-x)), [(4,)], [normal]),
     ("softplus", sg.softplus, lambda x: np.log1p(np.exp(x)), [(4,)], [normal]),
     ("abs", sg.abs, np.abs, [(4,)], [away_from_zero]),

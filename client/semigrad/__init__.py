@@ -30,6 +30,7 @@ from .functions import (
     exp,
     expm1,
     gather,
+    gelu,
     ge,
     gt,
     index,
@@ -82,5 +83,5 @@ __all__ = [
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
     "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
-    "gather", "scatter_add",
+    "gather", "gelu", "scatter_add",
 ]

@@ -124,6 +124,16 @@ ne = _binary("ne", _boolean, "x != y")
 
 
 
+def gelu(x, approximate: str = "none", *, name: str | None = None):
+    """GELU as PyTorch's ``gelu``: ``x Φ(x)`` (op "gelu", erf form), or with
+    ``approximate="tanh"`` ``x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2`` (op "gelu_tanh")."""
+    ops = {"none": "gelu", "tanh": "gelu_tanh"}
+    if approximate not in ops:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    (x,) = _handles([x])
+    return _node(ops[approximate], [x], {}, partial(shapes.broadcast, x.shape), _floating(x.dtype), name)
+
+
 def elementwise(op: str, *operands, name: str | None = None):
     """Any elementwise op the server lists (``Client.list_ops()``), by name, on broadcast
     operands: ``elementwise("asinh", x)`` is ``asinh(x)``. The server checks op and arity."""

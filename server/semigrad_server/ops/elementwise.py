@@ -60,6 +60,14 @@ except ImportError:  # pragma: no cover - depends on the environment
 ERF_SOURCE = "erf = numpy.vectorize(math.erf, otypes=[numpy.float64])\n"
 
 
+def gelu(x):
+    return 0.5 * x * (1.0 + _erf_kernel(x * 0.7071067811865476))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + numpy.tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
+
+
 # ---------------------------------------------------------------- the same over Python floats
 
 
@@ -88,6 +96,14 @@ def _f_sign(x):
 
 def _f_heaviside(x):
     return x if x != x else (1.0 if x > 0 else (0.0 if x < 0 else 0.5))
+
+
+def _f_gelu(x):
+    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+def _f_gelu_tanh(x):
+    return 0.5 * x * (1.0 + math.tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
 
 
 def _f_maximum(a, b):
@@ -152,6 +168,12 @@ ELEMENTWISE: list[Row] = [
     Row("minimum", sym.minimum(X, Y), np.minimum, "elementwise min; ties split the derivative 1/2, 1/2",
         float_fn=_f_minimum, commutative=True, fusible=True),
     Row("erf", sp.erf(X), _erf_kernel, "error function", float_fn=math.erf, source=ERF_SOURCE),
+    # GELU as PyTorch computes it (one edge, partial gelu'(x)): x Φ(x), and the tanh approximation.
+    Row("gelu", X / 2 * (1 + sp.erf(X / sp.sqrt(2))), gelu, "x Φ(x) = x (1 + erf(x / √2)) / 2 (torch's GELU)",
+        float_fn=_f_gelu),
+    Row("gelu_tanh", X / 2 * (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (X + sp.Rational(44715, 1000000) * X**3))), gelu_tanh,
+        "x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2 (torch's GELU, approximate='tanh')", float_fn=_f_gelu_tanh,
+        analytic=True),
     Row("sign", sp.sign(X), np.sign, "sign of x (derivative 0)", float_fn=_f_sign, partials={X: sp.Integer(0)},
         fusible=True),
     Row("heaviside", sp.Heaviside(X), heaviside, "step: 0 below 0, 1/2 at 0, 1 above (derivative 0)",
