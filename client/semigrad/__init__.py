@@ -21,6 +21,7 @@ from .functions import (
     abs,
     add,
     broadcast_to,
+    clamp,
     concat,
     cos,
     div,
@@ -83,5 +84,5 @@ __all__ = [
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
     "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
-    "gather", "gelu", "scatter_add",
+    "clamp", "gather", "gelu", "scatter_add",
 ]

@@ -134,6 +134,16 @@ def gelu(x, approximate: str = "none", *, name: str | None = None):
     return _node(ops[approximate], [x], {}, partial(shapes.broadcast, x.shape), _floating(x.dtype), name)
 
 
+def clamp(x, min: float | None = None, max: float | None = None, *, name: str | None = None):
+    """``torch.clamp``: ``min(max(x, min), max)`` with constant bounds (attributes; give one or
+    both). The gradient is 1 where ``min <= x <= max`` (bounds included, as in PyTorch), else 0."""
+    if min is None and max is None:
+        raise ValueError("clamp: give min, max or both")
+    (x,) = _handles([x])
+    attrs = {k: float(v) for k, v in (("min", min), ("max", max)) if v is not None}
+    return _node("clamp", [x], attrs, partial(shapes.broadcast, x.shape), x.dtype, name)
+
+
 def elementwise(op: str, *operands, name: str | None = None):
     """Any elementwise op the server lists (``Client.list_ops()``), by name, on broadcast
     operands: ``elementwise("asinh", x)`` is ``asinh(x)``. The server checks op and arity."""

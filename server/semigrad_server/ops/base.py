@@ -36,7 +36,9 @@ class AttrSpec:
 @dataclass
 class OpDef:
     name: str
-    kind: str  # elementwise | comparison | structural | reduction | linalg | source
+    # elementwise | pointwise (elementwise with attributes, e.g. clamp: not fused, no elementwise_fn)
+    # | comparison | structural | reduction | linalg | source
+    kind: str
     operands: tuple[str, ...]
     infer: Callable[[Node, Sequence[Type], Mapping], Type]
     kernel: Callable[[Mapping, Sequence[Type], Type], Callable]
