@@ -25,6 +25,7 @@ from .functions import (
     concat,
     cos,
     div,
+    einsum,
     elementwise,
     eq,
     erf,
@@ -84,5 +85,5 @@ __all__ = [
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
     "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
-    "clamp", "gather", "gelu", "scatter_add",
+    "clamp", "einsum", "gather", "gelu", "scatter_add",
 ]

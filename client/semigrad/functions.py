@@ -166,6 +166,17 @@ def matmul(a, b, *, name: str | None = None):
     return _node("matmul", [a, b], {}, infer, _same(a.dtype, b.dtype), name)
 
 
+def einsum(subscripts: str, *operands, name: str | None = None):
+    """``numpy.einsum(subscripts, *operands)`` over explicit letters: ``"bij,bjk->bik"``,
+    ``"ij->ji"``, ``"i,i->"``; without ``->`` the output is the letters used once, sorted.
+    Not supported: ``...`` and a letter repeated within one term. (Batched matmul is
+    :func:`matmul`.)"""
+    operands = _handles(list(operands))
+    infer = partial(shapes.einsum, subscripts, [x.shape for x in operands])
+    return _node("einsum", operands, {"subscripts": str(subscripts)}, infer,
+                 _floating(*(x.dtype for x in operands)), name)
+
+
 def _reduction(op: str, x, axis, keepdims: bool, dtype: str | None, name: str | None):
     axes = None if axis is None else _ints(axis)
     attrs = {} if axes is None else {"axes": axes}

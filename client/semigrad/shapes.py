@@ -152,3 +152,31 @@ def scatter_add(updates: Shape | None, indices: Shape | None, size: int, axis: i
     if tuple(updates[axis : axis + q]) != tuple(indices):
         raise ValueError(f"updates {updates} do not hold the indices' shape {indices} at axis {axis}")
     return updates[:axis] + (size,) + updates[axis + q :]
+
+
+def einsum(subscripts: str, shapes: Sequence[Shape | None]) -> Shape | None:
+    """Result shape of ``numpy.einsum(subscripts, ...)`` over explicit letters (no ``...``)."""
+    text = subscripts.replace(" ", "")
+    if "..." in text:
+        raise ValueError("subscripts with '...' are not supported: name every axis with a letter")
+    lhs, arrow, rhs = text.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise ValueError(f"{len(terms)} term(s) in {subscripts!r} for {len(shapes)} operand(s)")
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        if not term.isalpha() and term or len(set(term)) != len(term):
+            raise ValueError(f"term {term!r}: distinct letters only")
+        if shape is None:
+            continue
+        if len(term) != len(shape):
+            raise ValueError(f"term {term!r} for an operand of shape {shape}")
+        for letter, size in zip(term, shape):
+            if sizes.setdefault(letter, size) != size:
+                raise ValueError(f"letter {letter!r} has sizes {sizes[letter]} and {size}")
+    out = rhs if arrow else "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
+    if any(s is None for s in shapes):
+        return None
+    if set(out) - set(sizes) or len(set(out)) != len(out):
+        raise ValueError(f"output {out!r} must use distinct letters of the inputs")
+    return tuple(sizes[c] for c in out)

@@ -41,3 +41,41 @@ def test_clamp_without_bounds_is_refused(client):
     with pytest.raises(sg.SemigradError) as excinfo:
         client.register(g)
     assert excinfo.value.code == grpc.StatusCode.INVALID_ARGUMENT and "'c'" in excinfo.value.message
+
+
+@pytest.mark.parametrize("subscripts, why", [
+    ("...ij,...jk->...ik", "'...'"), ("ii->i", "repeats"), ("ij,jk", "term"), ("ij,jk->ik", "size"),
+    ("ij->iz", "output"), ("i1,1->i", "letter")])
+def test_einsum_subscripts_the_engine_does_not_take_are_invalid_argument_naming_the_node(client, subscripts, why):
+    g = sg.Graph()
+    a, b = g.input("a", (2, 3)), g.input("b", (3, 2))
+    operands = [a] if subscripts.count(",") == 0 else [a, b]
+    if subscripts == "ij,jk":
+        operands = [a, b, a]
+    if why == "size":
+        operands = [a, g.input("c", (4, 5))]
+    if subscripts == "i1,1->i":
+        operands = [a, b]
+    g.output("out", g.add_node("einsum", operands, {"subscripts": subscripts}, name="e"))
+    with pytest.raises(sg.SemigradError) as excinfo:
+        client.register(g)
+    assert excinfo.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'e'" in excinfo.value.message and why in excinfo.value.message, excinfo.value.message
+
+
+def test_einsum_batches_every_operand_like_vmap(client, rng):
+    """Both operands batched differently ((2, 1) and (3,)): item (s, t) is a NumPy loop's
+    einsum of item s of a with item t of b; gradients per item by the closed form g·bᵀ."""
+    g = sg.Graph()
+    a, b = g.input("a", (2, 3)), g.input("b", (3, 4))
+    g.output("out", sg.einsum("ij,jk->ik", a, b))
+    f = client.register(g)
+    av, bv = rng.normal(size=(2, 1, 2, 3)), rng.normal(size=(3, 3, 4))
+    out = f.evaluate({"a": av, "b": bv})["out"]
+    seed = rng.normal(size=out.shape)
+    da = f.gradient({"a": av, "b": bv}, seeds={"out": seed})["a"]
+    assert out.shape == (2, 3, 2, 4) and da.shape == (2, 3, 2, 3)
+    for s in range(2):
+        for t in range(3):
+            np.testing.assert_allclose(out[s, t], av[s, 0] @ bv[t], rtol=1e-13)
+            np.testing.assert_allclose(da[s, t], seed[s, t] @ bv[t].T, rtol=1e-13)

@@ -20,6 +20,7 @@ from .builder import GraphBuilder
 
 class AdjointContext:
     commutative = True
+    real = False  # the real semiring's ordinary ops (rules may then use real-only shortcuts, as einsum does)
     valued: frozenset = frozenset()  # nodes holding semiring values: none, the real adjoints are plain arrays
 
     def __init__(self, builder: GraphBuilder):
@@ -149,6 +150,8 @@ def _is_reciprocal(factor: sp.Expr) -> bool:
 
 class RealContext(AdjointContext):
     """(+, ×, 0, 1, φ = id): ordinary reverse mode, emitted as ordinary ops."""
+
+    real = True
 
     def edge_value(self, partial, g):
         return self.emit("mul", [partial, g])

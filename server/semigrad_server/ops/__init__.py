@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..ir import Graph, Node, Type
-from . import elementwise, indexing, structural
+from . import elementwise, indexing, linalg, structural
 from .base import AttrSpec, OpDef, Registry
 
 REGISTRY = Registry()
 elementwise.register(REGISTRY)
 structural.register(REGISTRY)
 indexing.register(REGISTRY)
+linalg.register(REGISTRY)
 REGISTRY.check()
 
 
