@@ -124,6 +124,26 @@ ne = _binary("ne", _boolean, "x != y")
 
 
 
+def gelu(x, approximate: str = "none", *, name: str | None = None):
+    """GELU as PyTorch's ``gelu``: ``x Φ(x)`` (op "gelu", erf form), or with
+    ``approximate="tanh"`` ``x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2`` (op "gelu_tanh")."""
+    ops = {"none": "gelu", "tanh": "gelu_tanh"}
+    if approximate not in ops:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    (x,) = _handles([x])
+    return _node(ops[approximate], [x], {}, partial(shapes.broadcast, x.shape), _floating(x.dtype), name)
+
+
+def clamp(x, min: float | None = None, max: float | None = None, *, name: str | None = None):
+    """``torch.clamp``: ``min(max(x, min), max)`` with constant bounds (attributes; give one or
+    both). The gradient is 1 where ``min <= x <= max`` (bounds included, as in PyTorch), else 0."""
+    if min is None and max is None:
+        raise ValueError("clamp: give min, max or both")
+    (x,) = _handles([x])
+    attrs = {k: float(v) for k, v in (("min", min), ("max", max)) if v is not None}
+    return _node("clamp", [x], attrs, partial(shapes.broadcast, x.shape), x.dtype, name)
+
+
 def elementwise(op: str, *operands, name: str | None = None):
     """Any elementwise op the server lists (``Client.list_ops()``), by name, on broadcast
     operands: ``elementwise("asinh", x)`` is ``asinh(x)``. The server checks op and arity."""
@@ -144,6 +164,17 @@ def matmul(a, b, *, name: str | None = None):
     a, b = _handles([a, b])
     infer = partial(shapes.matmul, a.shape, b.shape)
     return _node("matmul", [a, b], {}, infer, _same(a.dtype, b.dtype), name)
+
+
+def einsum(subscripts: str, *operands, name: str | None = None):
+    """``numpy.einsum(subscripts, *operands)`` over explicit letters: ``"bij,bjk->bik"``,
+    ``"ij->ji"``, ``"i,i->"``; without ``->`` the output is the letters used once, sorted.
+    Not supported: ``...`` and a letter repeated within one term. (Batched matmul is
+    :func:`matmul`.)"""
+    operands = _handles(list(operands))
+    infer = partial(shapes.einsum, subscripts, [x.shape for x in operands])
+    return _node("einsum", operands, {"subscripts": str(subscripts)}, infer,
+                 _floating(*(x.dtype for x in operands)), name)
 
 
 def _reduction(op: str, x, axis, keepdims: bool, dtype: str | None, name: str | None):
@@ -215,6 +246,43 @@ def stack(xs: Sequence, axis: int = 0, *, name: str | None = None):
     xs = _handles(list(xs))
     infer = partial(shapes.stack, [x.shape for x in xs], axis)
     return _node("stack", xs, {"axis": int(axis)}, infer, _same(*(x.dtype for x in xs)), name)
+
+
+# ---------------------------------------------------------------- indexing by data
+
+
+def _indices(indices, graph):
+    """An int64 Handle, or ints (any integer array-like) as an int64 const of ``graph``."""
+    if _is_handle(indices):
+        if indices.dtype not in (None, "int64"):
+            raise TypeError(f"indices must be int64, got a {indices.dtype} Handle")
+        return indices
+    array = np.asarray(indices)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"indices must be integers, got {array.dtype}")
+    return graph.const(array.astype(np.int64))
+
+
+def gather(x, indices, axis: int = 0, *, name: str | None = None):
+    """``np.take(x, indices, axis)``: the result has shape ``x.shape[:axis] + indices.shape +
+    x.shape[axis+1:]``. ``indices``: an int64 Handle (input or node) or ints; each must lie in
+    [-n, n) for the axis length n (negative ones count from the end), else the request fails
+    with INVALID_ARGUMENT naming the node. An embedding lookup is ``gather(table, tokens)``."""
+    (x,) = _handles([x])
+    indices = _indices(indices, x.graph)
+    infer = partial(shapes.gather, x.shape, indices.shape, axis)
+    return _node("gather", [x, indices], {"axis": int(axis)}, infer, x.dtype, name)
+
+
+def scatter_add(updates, indices, size: int, axis: int = 0, *, name: str | None = None):
+    """Zeros with ``size`` slots along ``axis``, ``updates``' slices added at ``indices``
+    (duplicates add up): the dual of :func:`gather`, whose gradient it is. ``updates`` has the
+    indices' shape at axes ``axis .. axis + indices.ndim``."""
+    (updates,) = _handles([updates])
+    indices = _indices(indices, updates.graph)
+    infer = partial(shapes.scatter_add, updates.shape, indices.shape, int(size), axis)
+    return _node("scatter_add", [updates, indices], {"size": int(size), "axis": int(axis)}, infer,
+                 updates.dtype, name)
 
 
 def _ints(value) -> tuple[int, ...]:

@@ -178,3 +178,57 @@ def pool(x: Shape | None, kernel: Shape, stride: Shape, padding: Shape) -> Shape
     if any(2 * p > k for p, k in zip(padding, kernel)):
         raise ValueError(f"padding {padding} must be at most half the kernel size {kernel}")
     return x[:2] + _window_out(x[2:], kernel, stride, padding, (1,) * nd)
+
+
+def gather(shape: Shape | None, indices: Shape | None, axis: int) -> Shape | None:
+    """Result shape of ``np.take(x, indices, axis)``."""
+    if shape is None or indices is None:
+        return None
+    if not shape:
+        raise ValueError("cannot gather from a 0-d operand")
+    axis = _axis(axis, len(shape))
+    return shape[:axis] + tuple(indices) + shape[axis + 1 :]
+
+
+def scatter_add(updates: Shape | None, indices: Shape | None, size: int, axis: int) -> Shape | None:
+    """Result shape of scattering ``updates`` into ``size`` slots along ``axis`` (the updates'
+    axes ``axis .. axis + len(indices)`` are the indices' shape)."""
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    if updates is None or indices is None:
+        return None
+    q = len(indices)
+    if len(updates) - q + 1 < 1:
+        raise ValueError(f"updates {updates} have fewer axes than the indices {indices}")
+    axis = _axis(axis, len(updates) - q + 1)
+    if tuple(updates[axis : axis + q]) != tuple(indices):
+        raise ValueError(f"updates {updates} do not hold the indices' shape {indices} at axis {axis}")
+    return updates[:axis] + (size,) + updates[axis + q :]
+
+
+def einsum(subscripts: str, shapes: Sequence[Shape | None]) -> Shape | None:
+    """Result shape of ``numpy.einsum(subscripts, ...)`` over explicit letters (no ``...``)."""
+    text = subscripts.replace(" ", "")
+    if "..." in text:
+        raise ValueError("subscripts with '...' are not supported: name every axis with a letter")
+    lhs, arrow, rhs = text.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise ValueError(f"{len(terms)} term(s) in {subscripts!r} for {len(shapes)} operand(s)")
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        if not term.isalpha() and term or len(set(term)) != len(term):
+            raise ValueError(f"term {term!r}: distinct letters only")
+        if shape is None:
+            continue
+        if len(term) != len(shape):
+            raise ValueError(f"term {term!r} for an operand of shape {shape}")
+        for letter, size in zip(term, shape):
+            if sizes.setdefault(letter, size) != size:
+                raise ValueError(f"letter {letter!r} has sizes {sizes[letter]} and {size}")
+    out = rhs if arrow else "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
+    if any(s is None for s in shapes):
+        return None
+    if set(out) - set(sizes) or len(set(out)) != len(out):
+        raise ValueError(f"output {out!r} must use distinct letters of the inputs")
+    return tuple(sizes[c] for c in out)

@@ -144,11 +144,30 @@ def has_float_form(op) -> bool:
     return op.elementwise_fn is None or op.infix is not None or op.float_fn is not None
 
 
+def integer_inputs(case) -> list[str]:
+    """The case's int64 inputs (indices)."""
+    return [f"x{i}" for i, sampler in enumerate(case[4]) if getattr(sampler, "dtype", "float64") == "int64"]
+
+
+def assert_refuses_integer_inputs(f, case, rng, backend: str) -> None:
+    """Scalar programs and numba code hold floats and bools only: a graph with an int64 input
+    (gather's indices) is refused by declaration, naming backend and input; auto runs it."""
+    inputs = inputs_for(case, rng, (3,))
+    with pytest.raises(sg.SemigradError) as excinfo:
+        f.gradient(inputs, backend=backend)
+    assert excinfo.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    message = excinfo.value.message
+    assert backend in message and "int64" in message and f"'{integer_inputs(case)[0]}'" in message, message
+    assert_same(f.gradient(inputs), f.gradient(inputs, backend="tensor"), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_scalar_backend(client, rng, case):
     """Built-in ops all have element-level expansions: a missing one fails here."""
     assert _first_missing(ops_of(case), has_expansion) is None
     f = client.register(build(case))
+    if integer_inputs(case):
+        return assert_refuses_integer_inputs(f, case, rng, "scalar")
     for batch in ((), (3,)):
         inputs = inputs_for(case, rng, batch)
         assert_same(f.evaluate(inputs, backend="scalar"), f.evaluate(inputs, backend="tensor"))
@@ -163,6 +182,8 @@ def test_jit_backend(client, rng, case):
     """Built-in elementwise ops all have a float form or an infix: a missing one fails here."""
     assert _first_missing(ops_of(case), has_float_form) is None
     f = client.register(build(case))
+    if integer_inputs(case):
+        return assert_refuses_integer_inputs(f, case, rng, "jit")
     for batch in ((), (7,)):
         inputs = inputs_for(case, rng, batch)
         assert_same(f.evaluate(inputs, backend="jit"), f.evaluate(inputs, backend="tensor"), **CLOSE)

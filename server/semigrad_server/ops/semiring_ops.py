@@ -8,8 +8,11 @@ differentiated again.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import Type
 from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, element_array, input_cost, reduce_elements
+from .indexing import ORIGIN, check_indices, scatter_add_expand, scatter_add_shape, scatter_keys
 from .structural import (index_infer, matmul_infer, reduce_infer, full_index, matmul_cost, matmul_expand,
                          scatter_expand)
 
@@ -92,6 +95,18 @@ def _bind(base: Registry, s) -> Registry:
 
         return scatter
 
+    def scatter_add_kernel(attrs, in_types, out_type):
+        u_t, i_t = in_types
+        size, a = attrs["size"], attrs["axis"] % out_type.rank
+
+        def scatter_add(g, idx):
+            check_indices(idx, size, attrs["origin"])
+            lead, keys, total = scatter_keys(s.shape(g), idx, u_t, i_t, a, size)
+            flat = m(lambda c: np.broadcast_to(c, lead + u_t.shape).reshape(-1), g)
+            return m(lambda c: c.reshape(lead + out_type.shape), s.scatter_add(flat, keys, total))
+
+        return scatter_add
+
     def ones_kernel(attrs, in_types, out_type):
         value = s.ones(out_type.shape)
         return lambda: value
@@ -115,6 +130,11 @@ def _bind(base: Registry, s) -> Registry:
               attrs=(AttrSpec("index", "index", required=True), AttrSpec("shape", "ints", required=True)),
               doc="0̄ of `shape` with x written at `index`", moves_elements=True,
               expand=scatter_expand(_semiring_zero)),
+        OpDef("sr_scatter_add", "semiring", ("x", "indices"),
+              lambda n, t, a: _value_type(scatter_add_shape(n, t[0], t[1], a)[1]), scatter_add_kernel,
+              attrs=(AttrSpec("size", "int", required=True), AttrSpec("axis", "int", default=0), ORIGIN),
+              doc="0̄ of the output with x's slices ⊕-added at the indices: the adjoint of gather",
+              expand=scatter_add_expand("sr_add", _semiring_zero), scalar_cost=input_cost),
         OpDef("sr_ones", "semiring", (), lambda n, t, a: _value_type(a["shape"]), ones_kernel,
               attrs=(AttrSpec("shape", "ints", required=True),), doc="1̄ of `shape`", expand=_ones_expand),
     ]
