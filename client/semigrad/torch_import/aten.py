@@ -6,9 +6,9 @@ consts with ``b.const``), the arguments are the FX node's with every tensor argu
 :class:`semigrad.Handle`. It returns a Handle, or a tuple for ops with several results (an
 element that is :class:`Missing` fails only when a later node reads it). An op or argument the
 table cannot express raises :class:`Unsupported`; the importer collects every such failure and
-reports them together. Ops of the shared op contract (gather, softmax, layer_norm, conv2d, ...)
-map onto the semigrad function when the installed client has it; until then they are built from
-primitive nodes (``_fallback`` helpers below), which compute the same values and gradients.
+reports them together. Ops of the op contract (docs/importing.md) map 1:1 onto semigrad's
+functions; the few the contract promises that this client may still lack (min, argmax, argmin,
+cumsum) are looked up with ``_contract`` and fall back or report themselves as unsupported.
 """
 
 from __future__ import annotations
@@ -109,19 +109,9 @@ def _reciprocal(b, x):
 
 @op("aten.gelu.default")
 def _gelu(b, x, approximate="none"):
-    gelu = _contract("gelu")
-    if gelu is not None:
-        return gelu(x, approximate=approximate, name=b.name)
-    half, one = b.const(np.asarray(0.5, x.dtype)), b.const(np.asarray(1.0, x.dtype))
-    if approximate == "none":  # x/2 (1 + erf(x / sqrt 2))
-        inner = F.erf(F.mul(x, b.const(np.asarray(1 / math.sqrt(2), x.dtype)), name=b.tmp()), name=b.tmp())
-    elif approximate == "tanh":  # x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        cube = F.mul(F.mul(x, x, name=b.tmp()), x, name=b.tmp())
-        poly = F.add(x, F.mul(b.const(np.asarray(0.044715, x.dtype)), cube, name=b.tmp()), name=b.tmp())
-        inner = F.tanh(F.mul(b.const(np.asarray(math.sqrt(2 / math.pi), x.dtype)), poly, name=b.tmp()), name=b.tmp())
-    else:
+    if approximate not in ("none", "tanh"):
         raise Unsupported(f"gelu approximate={approximate!r}")
-    return F.mul(F.mul(half, x, name=b.tmp()), F.add(one, inner, name=b.tmp()), name=b.name)
+    return F.gelu(x, approximate=approximate, name=b.name)
 
 
 def _binary(names: Sequence[str], fn, scaled: bool = False):
@@ -179,12 +169,11 @@ def _logical_not(b, x):
 
 @op("aten.clamp.default", "aten.clamp.Tensor")
 def _clamp(b, x, min=None, max=None):
-    clamp = _contract("clamp")
-    if clamp is not None and not _is_handle(min) and not _is_handle(max):
-        return clamp(x, min=min, max=max, name=b.name)
     if min is None and max is None:
         raise Unsupported("clamp without bounds")
-    if min is not None:
+    if not _is_handle(min) and not _is_handle(max):
+        return F.clamp(x, min=min, max=max, name=b.name)
+    if min is not None:  # tensor bounds: elementwise maximum and minimum
         x = F.maximum(*_operands(b, x, min), name=b.name if max is None else b.tmp())
     if max is not None:
         x = F.minimum(*_operands(b, x, max), name=b.name)
@@ -421,6 +410,14 @@ def _keep(shape, dim):
     return shape
 
 
+@op("aten.cumsum.default")
+def _cumsum(b, x, dim, *, dtype=None):
+    cumsum = _contract("cumsum")
+    if cumsum is None:
+        raise Unsupported("cumsum is not a semigrad op of this client")
+    return cumsum(x, dim, name=b.name)
+
+
 @op("aten.any.dim", "aten.any.dims", "aten.any.default")
 def _any(b, x, dim=None, keepdim=False):
     flag = x if x.dtype == "bool" else F.ne(x, b.const(np.zeros((), x.dtype)), name=b.tmp())
@@ -473,74 +470,32 @@ def _index_select(b, x, dim, index):
 
 
 def _take(b, x, indices, axis, name):
-    """``np.take(x, indices, axis)``: the contract's gather, or a one-hot matmul without it."""
-    gather = _contract("gather")
-    if gather is not None:
-        return gather(x, indices, axis=axis, name=name)
-    axis %= len(x.shape)
-    n = x.shape[axis]
-    rank = len(indices.shape)
-    column = F.reshape(indices, (*indices.shape, 1), name=b.tmp())
-    hot = F.eq(column, b.const(np.arange(n, dtype=np.int64)), name=b.tmp())
-    one_hot = F.where(hot, b.const(np.ones((), x.dtype)), b.const(np.zeros((), x.dtype)), name=b.tmp())
-    moved = F.transpose(x, [axis] + [a for a in range(len(x.shape)) if a != axis], name=b.tmp())
-    rest = moved.shape[1:]
-    flat = F.reshape(moved, (n, math.prod(rest)), name=b.tmp())
-    taken = F.reshape(F.matmul(one_hot, flat, name=b.tmp()), (*indices.shape, *rest), name=b.tmp())
-    # taken: indices.shape + x.shape without axis; put the indices' axes where axis was
-    order = (list(range(rank, rank + axis)) + list(range(rank)) + list(range(rank + axis, rank + len(rest))))
-    return F.transpose(taken, order, name=name) if order != sorted(order) else taken
+    """``np.take(x, indices, axis)``: the op contract's gather."""
+    return F.gather(x, indices, axis=axis, name=name)
 
 
 # ---------------------------------------------------------------- normalisation
 
 @op("aten._softmax.default")
 def _softmax(b, x, dim, half_to_float=False):
-    fn = _contract("softmax")
-    if fn is not None:
-        return fn(x, axis=dim, decomposed=b.decomposed, name=b.name)
-    e = _shifted_exp(b, x, dim)
-    return F.div(e, F.sum(e, (dim,), True, name=b.tmp()), name=b.name)
+    return F.softmax(x, axis=dim, decomposed=b.decomposed, name=b.name)
 
 
 @op("aten._log_softmax.default")
 def _log_softmax(b, x, dim, half_to_float=False):
-    fn = _contract("log_softmax")
-    if fn is not None:
-        return fn(x, axis=dim, decomposed=b.decomposed, name=b.name)
-    shifted = F.sub(x, F.max(x, (dim,), True, name=b.tmp()), name=b.tmp())
-    total = F.sum(F.exp(shifted, name=b.tmp()), (dim,), True, name=b.tmp())
-    return F.sub(shifted, F.log(total, name=b.tmp()), name=b.name)
-
-
-def _shifted_exp(b, x, dim):
-    return F.exp(F.sub(x, F.max(x, (dim,), True, name=b.tmp()), name=b.tmp()), name=b.tmp())
+    return F.log_softmax(x, axis=dim, decomposed=b.decomposed, name=b.name)
 
 
 @op("aten.logsumexp.default")
 def _logsumexp(b, x, dim, keepdim=False):
-    fn = _contract("logsumexp")
-    axes = _dims(dim, len(x.shape))
-    if fn is not None:
-        return fn(x, axis=axes, keepdims=keepdim, decomposed=b.decomposed, name=b.name)
-    top = F.max(x, axes, True, name=b.tmp())
-    total = F.sum(F.exp(F.sub(x, top, name=b.tmp()), name=b.tmp()), axes, True, name=b.tmp())
-    result = F.add(F.log(total, name=b.tmp()), top, name=b.tmp() if not keepdim else b.name)
-    return result if keepdim else F.reshape(result, b.shape, name=b.name)
+    return F.logsumexp(x, axis=_dims(dim, len(x.shape)), keepdims=keepdim, decomposed=b.decomposed, name=b.name)
 
 
 @op("aten.native_layer_norm.default")
 def _layer_norm(b, x, normalized_shape, weight, bias, eps):
     axes = tuple(range(-len(normalized_shape), 0))
-    fn = _contract("layer_norm")
-    if fn is not None:
-        y = fn(x, axes=axes, eps=eps, decomposed=b.decomposed,
-               name=b.name if weight is None and bias is None else b.tmp())
-    else:
-        centred = F.sub(x, F.mean(x, axes, True, name=b.tmp()), name=b.tmp())
-        var = F.mean(F.mul(centred, centred, name=b.tmp()), axes, True, name=b.tmp())
-        std = F.sqrt(F.add(var, b.const(np.asarray(eps, x.dtype)), name=b.tmp()), name=b.tmp())
-        y = F.div(centred, std, name=b.name if weight is None and bias is None else b.tmp())
+    y = F.layer_norm(x, axes=axes, eps=eps, decomposed=b.decomposed,
+                     name=b.name if weight is None and bias is None else b.tmp())
     if weight is not None:
         y = F.mul(y, weight, name=b.name if bias is None else b.tmp())
     if bias is not None:
@@ -581,65 +536,23 @@ def _convolution(b, x, w, bias, stride, padding, dilation, transposed, output_pa
     n = len(w.shape) - 2
     if n not in (1, 2):
         raise Unsupported(f"convolution over {n} spatial dimensions (1 and 2 are supported)")
-    stride, padding, dilation = _pair(stride, n), _pair(padding, n), _pair(dilation, n)
-    fn = _contract(f"conv{n}d")
-    if fn is not None:
-        y = fn(x, w, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
-               name=b.name if bias is None else b.tmp())
-    else:
-        y = _conv_fallback(b, x, w, stride, padding, dilation, groups, name=b.name if bias is None else b.tmp())
+    conv = F.conv1d if n == 1 else F.conv2d
+    y = conv(x, w, stride=tuple(_pair(stride, n)), padding=tuple(_pair(padding, n)),
+             dilation=tuple(_pair(dilation, n)), groups=groups, name=b.name if bias is None else b.tmp())
     if bias is None:
         return y
     return F.add(y, F.reshape(bias, (-1,) + (1,) * n, name=b.tmp()), name=b.name)
 
 
-def _windows(b, x, kernel, stride, padding, dilation, fill):
-    """Per kernel offset, the strided slice of ``x`` (N, C, *spatial) it meets: (offset, slice)."""
-    n = len(kernel)
-    if any(padding):
-        x = _padded(b, x, [(p, p) for p in reversed(padding)], fill, b.tmp())
-    spatial = x.shape[2:]
-    out = [(spatial[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
-    for offset in np.ndindex(*kernel):
-        key = (slice(None), slice(None)) + tuple(
-            slice(offset[i] * dilation[i], offset[i] * dilation[i] + (out[i] - 1) * stride[i] + 1, stride[i])
-            for i in range(n))
-        yield offset, F.index(x, key, name=b.tmp())
-
-
-def _conv_fallback(b, x, w, stride, padding, dilation, groups, name):
-    """Convolution as a sum over kernel offsets of (channels-last slice) @ (weight slice)ᵀ."""
-    n = len(w.shape) - 2
-    out_channels, per_group = w.shape[0], w.shape[1]
-    per_out = out_channels // groups
-    results = []
-    for g in range(groups):
-        xg = x if groups == 1 else F.index(x, (slice(None), slice(g * per_group, (g + 1) * per_group)), name=b.tmp())
-        terms = []
-        for offset, window in _windows(b, xg, w.shape[2:], stride, padding, dilation, 0.0):
-            last = F.transpose(window, [0, *range(2, 2 + n), 1], name=b.tmp())  # N, *out, C
-            kernel = F.index(w, (slice(g * per_out, (g + 1) * per_out), slice(None), *offset), name=b.tmp())  # O, C
-            terms.append(F.matmul(last, F.transpose(kernel, None, name=b.tmp()), name=b.tmp()))
-        total = terms[0] if len(terms) == 1 else F.sum(F.stack(terms, axis=0, name=b.tmp()), 0, name=b.tmp())
-        results.append(total)
-    joined = results[0] if groups == 1 else F.concat(results, axis=-1, name=b.tmp())
-    return F.transpose(joined, [0, n + 1, *range(1, n + 1)], name=name)
-
-
 @op("aten.max_pool2d_with_indices.default", "aten.max_pool1d_with_indices.default")
 def _max_pool(b, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     n = 2 if "2d" in b.target else 1
-    if ceil_mode:
-        raise Unsupported("max pooling with ceil_mode=True")
+    if ceil_mode or _pair(dilation, n) != [1] * n:
+        raise Unsupported("max pooling with ceil_mode=True or dilation")
     kernel = _pair(kernel_size, n)
     stride = _pair(stride, n) if stride else kernel
-    padding, dilation = _pair(padding, n), _pair(dilation, n)
-    fn = _contract(f"max_pool{n}d")
-    if fn is not None and dilation == [1] * n:
-        values = fn(x, tuple(kernel), stride=tuple(stride), padding=tuple(padding), name=b.name)
-    else:
-        slices = [s for _, s in _windows(b, x, kernel, stride, padding, dilation, -np.inf)]
-        values = slices[0] if len(slices) == 1 else F.max(F.stack(slices, axis=-1, name=b.tmp()), -1, name=b.name)
+    pool = F.max_pool1d if n == 1 else F.max_pool2d
+    values = pool(x, tuple(kernel), stride=tuple(stride), padding=tuple(_pair(padding, n)), name=b.name)
     return values, Missing("the indices of max pooling")
 
 
@@ -652,8 +565,5 @@ def _avg_pool(b, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_in
     kernel = _pair(kernel_size, n)
     stride = _pair(stride, n) if stride else kernel
     padding = _pair(padding, n)
-    fn = _contract(f"avg_pool{n}d")
-    if fn is not None:
-        return fn(x, tuple(kernel), stride=tuple(stride), padding=tuple(padding), name=b.name)
-    slices = [s for _, s in _windows(b, x, kernel, stride, padding, [1] * n, 0.0)]
-    return F.mean(F.stack(slices, axis=-1, name=b.tmp()), -1, name=b.name)
+    pool = F.avg_pool1d if n == 1 else F.avg_pool2d
+    return pool(x, tuple(kernel), stride=tuple(stride), padding=tuple(padding), name=b.name)
