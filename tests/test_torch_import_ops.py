@@ -178,3 +178,45 @@ def test_torch_is_not_imported_by_the_client():
 def test_bad_params_choice():
     with pytest.raises(ValueError, match="params must be one of"):
         sg.from_torch(nn.Linear(2, 2), (_t(2),), params="weights")
+
+
+def _mlp(hidden=5, out=3):
+    return _m(nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, out)))
+
+
+def test_counting_semiring_over_an_imported_mlp(client):
+    """Path counts through y = W2 tanh(W1 x + b1) + b2 (random, nonzero weights), by hand: every
+    input element reaches every output through each of the H hidden units (H·O paths), an
+    element of W1 through its own hidden unit (O paths), of W2 and b2 one path, of b1 O paths."""
+    hidden, out = 5, 3
+    result = sg.from_torch(_mlp(hidden, out), (_t(1, 4),))
+    graph = client.register(result.graph)
+    counts = graph.gradient(result.inputs_for(_t(1, 4, seed=9)), semiring="counting",
+                            wrt=["input", *result.parameter_names])
+    np.testing.assert_array_equal(counts["input"], np.full((1, 4), hidden * out))
+    np.testing.assert_array_equal(counts["0.weight"], np.full((hidden, 4), out))
+    np.testing.assert_array_equal(counts["0.bias"], np.full(hidden, out))
+    np.testing.assert_array_equal(counts["2.weight"], np.ones((out, hidden)))
+    np.testing.assert_array_equal(counts["2.bias"], np.ones(out))
+
+
+def test_an_intermediate_node_by_its_torch_name(client, rng):
+    """The gradient at the Tanh module's output, asked for by the exported node's name, equals
+    torch's gradient of that activation (retain_grad in a forward hook)."""
+    module = _mlp()
+    x = _t(1, 4, seed=10)
+    result = sg.from_torch(module, (x,))
+    seen = {}
+
+    def keep(mod, inp, out):
+        out.retain_grad()
+        seen["tanh"] = out
+
+    hook = module[1].register_forward_hook(keep)
+    seed = rng.standard_normal((1, 3))
+    module(x).backward(torch.from_numpy(seed))
+    hook.remove()
+    node = result.nodes["tanh"]
+    assert result.modules[node] == "1"
+    grads = client.register(result.graph).gradient(result.inputs_for(x), seeds={"output": seed}, retain=[node])
+    np.testing.assert_allclose(grads.retained[node], seen["tanh"].grad.numpy(), rtol=1e-12)
