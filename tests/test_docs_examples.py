@@ -15,8 +15,21 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-EXAMPLES = [(path, i, code) for path in DOCUMENTS for i, code in enumerate(python_blocks(path))
-            if "# not-run" not in code]
+CONTINUED = "# continued"  # a block starting so runs after the document's blocks before it
+
+
+def examples(path: Path) -> list[tuple[Path, int, str]]:
+    out, before = [], ""
+    for i, code in enumerate(python_blocks(path)):
+        if code.startswith(CONTINUED):
+            code = before + code
+        before = code
+        if "# not-run" not in code:
+            out.append((path, i, code))
+    return out
+
+
+EXAMPLES = [example for path in DOCUMENTS for example in examples(path)]
 
 
 def test_readme_has_the_seed_example():
@@ -25,5 +38,7 @@ def test_readme_has_the_seed_example():
 
 @pytest.mark.parametrize("path,index,code", EXAMPLES, ids=[f"{p.relative_to(ROOT)}#{i}" for p, i, _ in EXAMPLES])
 def test_example_runs(server_address, path, index, code):
+    if "import torch" in code:
+        pytest.importorskip("torch")  # the torch extra (installed by make venv's dev extra)
     code = code.replace("127.0.0.1:50051", server_address)
     exec(compile(code, f"{path.name}[block {index}]", "exec"), {"__name__": "__doc_example__"})
