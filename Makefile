@@ -38,7 +38,7 @@ $(VENV_PY):
 # Reinstalls whenever pyproject.toml or a plugin's pyproject.toml changes.
 $(STAMP): pyproject.toml $(PLUGIN_PYPROJECTS) | $(VENV_PY)
 	$(VENV_PY) -m pip install --upgrade pip
-	$(VENV_PY) -m pip install -e '.[dev]'
+	$(VENV_PY) -m pip install -e '.[dev,torch]'
 	for f in plugins/*/pyproject.toml; do \
 	  [ -e "$$f" ] || continue; \
 	  $(VENV_PY) -m pip install -e "$$(dirname "$$f")"; \

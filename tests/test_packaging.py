@@ -175,6 +175,7 @@ def test_pyproject_metadata():
     find = _pyproject()["tool"]["setuptools"]["packages"]["find"]
     assert find["where"] == ["client", "server"]
     assert "torch==2.13.0" in project["optional-dependencies"]["bench"]
+    assert project["optional-dependencies"]["torch"] == ["torch==2.13.0"]  # the CPU build: sg.from_torch
     for heavy in ("torch", "jax", "jaxlib", "casadi", "symengine"):
         assert not any(req.startswith(heavy) for req in project["dependencies"])
         assert not any(req.startswith(heavy) for req in project["optional-dependencies"]["dev"])
