@@ -140,6 +140,17 @@ def test_unsupported_ops_are_listed_at_once_with_their_lines():
     assert "test_torch_import_ops.py" in message
 
 
+def test_dtype_casts_are_refused_by_name():
+    def model(x, i):
+        return x * i + x.float().sum()
+
+    with pytest.raises(sg.TorchImportError) as info:
+        sg.from_torch(model, (_t(3), torch.tensor([1, 2, 3])))
+    reasons = {op: why for op, _, _, why in info.value.problems}
+    assert set(reasons) == {"aten.mul.Tensor", "aten._to_copy.default"}, str(info.value)
+    assert "cast" in reasons["aten.mul.Tensor"] and "float64 to float32" in reasons["aten._to_copy.default"]
+
+
 def test_a_module_that_mutates_its_buffers_is_refused():
     with pytest.raises(sg.TorchImportError, match="mutates 'running_mean'.*eval mode"):
         sg.from_torch(nn.BatchNorm1d(3).double().train(), (_t(4, 3),))

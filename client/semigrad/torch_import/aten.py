@@ -60,6 +60,9 @@ def _shape(h) -> tuple[int, ...]:
 
 def _operands(b: NodeBuilder, *values):
     """Tensor arguments as they are, Python scalars as consts of the float/int dtype they meet."""
+    dtypes = {v.dtype for v in values if _is_handle(v)}
+    if len(dtypes) > 1:
+        raise Unsupported(f"operands of dtypes {sorted(map(str, dtypes))} need a dtype cast, which semigrad lacks")
     like = next((v.dtype for v in values if _is_handle(v)), None)
     out = []
     for v in values:
@@ -197,6 +200,13 @@ def _leaky_relu(b, x, negative_slope=0.01):
 @op("aten.clone.default", "aten.alias.default", "aten.lift_fresh_copy.default", "aten.contiguous.default")
 def _identity(b, x, **_):
     return x
+
+
+@op("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten._assert_async.msg",
+    "aten.sym_constrain_range_for_size.default")
+def _assertion(b, *args, **kwargs):
+    """Checks torch.export adds at trace time (shapes and dtypes are static here): no value."""
+    return None
 
 
 @op("aten._to_copy.default")

@@ -77,8 +77,7 @@ class TorchImport:
 
 
 def from_torch(model, example_args: Sequence = (), example_kwargs: Mapping | None = None, *,
-               params: str = "inputs", decomposed: bool = False, strict: bool = False,
-               dynamic_shapes=None) -> TorchImport:
+               params: str = "inputs", decomposed: bool = False, strict: bool = False) -> TorchImport:
     """Import ``model`` (a ``torch.nn.Module``, a function of tensors, or a
     ``torch.export.ExportedProgram``) as a semigrad graph.
 
@@ -103,8 +102,7 @@ def from_torch(model, example_args: Sequence = (), example_kwargs: Mapping | Non
     else:
         if not isinstance(model, torch.nn.Module):
             model = _FunctionModule(torch, model)
-        program = torch.export.export(model, tuple(example_args), dict(example_kwargs or {}),
-                                      strict=strict, dynamic_shapes=dynamic_shapes)
+        program = torch.export.export(model, tuple(example_args), dict(example_kwargs or {}), strict=strict)
     program = program.run_decompositions()
     return _Importer(torch, program, params, decomposed).run()
 
@@ -252,6 +250,11 @@ class _Importer:
             self.problem(node, "placeholder", f"input {name!r} has dtype {val.dtype}, which semigrad lacks")
             self.failed.add(node.name)
             return None
+        if not all(isinstance(d, int) for d in val.shape):
+            self.problem(node, "placeholder", f"input {name!r} has the dynamic shape {tuple(val.shape)}; "
+                         "semigrad graphs have static shapes (export without dynamic_shapes)")
+            self.failed.add(node.name)
+            return None
         if name in self.input_names:
             raise ValueError(f"two inputs of the model are named {name!r} (a forward argument and a "
                              "parameter or buffer?); rename one, or import with params='constants'")
@@ -299,7 +302,12 @@ class _Importer:
             self.problem(node, target, str(error))
             self.failed.add(node.name)
             return
-        self.check(node, target, value)
+        try:
+            self.check(node, target, value)
+        except Unsupported as error:
+            self.problem(node, target, str(error))
+            self.failed.add(node.name)
+            return
         self.env[node.name] = value
         if hasattr(value, "id"):
             self.nodes[node.name] = value.id
@@ -316,12 +324,17 @@ class _Importer:
         return value
 
     def check(self, node, target, value) -> None:
-        """The table's result has the exported program's shape (a wrong one is a bug of the table)."""
+        """The table's result has the exported program's shape (a wrong one is a bug of the table)
+        and dtype (a different one is a type promotion semigrad cannot make: Unsupported)."""
         val = node.meta.get("val")
         if hasattr(value, "id") and hasattr(val, "shape") and value.shape is not None:
             if tuple(value.shape) != tuple(val.shape):
                 raise AssertionError(f"semigrad.torch_import: {target} at node {node.name!r} built shape "
                                      f"{value.shape}, torch has {tuple(val.shape)}")
+        want = _dtype_name(getattr(val, "dtype", None))
+        if hasattr(value, "id") and value.dtype is not None and want is not None and value.dtype != want:
+            raise Unsupported(f"the result is {want} in torch but {value.dtype} here: a dtype cast, "
+                              "which semigrad lacks")
 
     # -- outputs
 
