@@ -44,6 +44,7 @@ from .functions import (
     max,
     maximum,
     mean,
+    min,
     minimum,
     mul,
     ne,
@@ -85,5 +86,5 @@ __all__ = [
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
     "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
-    "clamp", "einsum", "gather", "gelu", "scatter_add",
+    "clamp", "einsum", "gather", "gelu", "min", "scatter_add",
 ]

@@ -5,7 +5,7 @@ node's Handle with its static shape and dtype when they can be inferred. Python 
 arrays mixed in become ``const`` nodes; numeric ones take the float dtype of a float Handle
 operand (``x32 * 2`` multiplies by a float32 const), bools stay bool.
 
-This module defines ``abs``, ``pow``, ``sum`` and ``max``; it must not use those builtins itself.
+This module defines ``abs``, ``pow``, ``sum``, ``max`` and ``min``; it must not use those builtins itself.
 """
 
 from __future__ import annotations
@@ -201,6 +201,13 @@ def max(x, axis=None, keepdims: bool = False, *, name: str | None = None):
     """Maximum over ``axis`` (int, tuple of ints, or None for all axes)."""
     (x,) = _handles([x])
     return _reduction("max", x, axis, keepdims, x.dtype, name)
+
+
+def min(x, axis=None, keepdims: bool = False, *, name: str | None = None):
+    """Minimum over ``axis`` (int, tuple of ints, or None for all axes); the gradient goes to
+    the minimum, split evenly between ties (as ``max``)."""
+    (x,) = _handles([x])
+    return _reduction("min", x, axis, keepdims, x.dtype, name)
 
 
 def reshape(x, shape, *, name: str | None = None):
