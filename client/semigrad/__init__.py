@@ -20,11 +20,15 @@ from .errors import (
 from .functions import (
     abs,
     add,
+    argmax,
+    argmin,
     broadcast_to,
     clamp,
     concat,
     cos,
+    cumsum,
     div,
+    dropout,
     einsum,
     elementwise,
     eq,
@@ -86,5 +90,5 @@ __all__ = [
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
     "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
-    "clamp", "einsum", "gather", "gelu", "min", "scatter_add",
+    "argmax", "argmin", "clamp", "cumsum", "dropout", "einsum", "gather", "gelu", "min", "scatter_add",
 ]
