@@ -5,7 +5,7 @@ node's Handle with its static shape and dtype when they can be inferred. Python 
 arrays mixed in become ``const`` nodes; numeric ones take the float dtype of a float Handle
 operand (``x32 * 2`` multiplies by a float32 const), bools stay bool.
 
-This module defines ``abs``, ``pow``, ``sum`` and ``max``; it must not use those builtins itself.
+This module defines ``abs``, ``pow``, ``sum``, ``max`` and ``min``; it must not use those builtins itself.
 """
 
 from __future__ import annotations
@@ -201,6 +201,52 @@ def max(x, axis=None, keepdims: bool = False, *, name: str | None = None):
     """Maximum over ``axis`` (int, tuple of ints, or None for all axes)."""
     (x,) = _handles([x])
     return _reduction("max", x, axis, keepdims, x.dtype, name)
+
+
+def min(x, axis=None, keepdims: bool = False, *, name: str | None = None):
+    """Minimum over ``axis`` (int, tuple of ints, or None for all axes); the gradient goes to
+    the minimum, split evenly between ties (as ``max``)."""
+    (x,) = _handles([x])
+    return _reduction("min", x, axis, keepdims, x.dtype, name)
+
+
+def cumsum(x, axis: int, *, name: str | None = None):
+    """Running sum along ``axis`` (``numpy.cumsum``, ``torch.cumsum``)."""
+    (x,) = _handles([x])
+    infer = partial(shapes.reduce, x.shape, (int(axis),), True)  # checks the axis
+    return _node("cumsum", [x], {"axis": int(axis)}, lambda: infer() and x.shape, x.dtype, name)
+
+
+def _arg(op: str, x, axis, keepdims: bool, name):
+    (x,) = _handles([x])
+    attrs = {} if axis is None else {"axis": int(axis)}
+    if keepdims:
+        attrs["keepdims"] = True
+    axes = None if axis is None else (int(axis),)
+    return _node(op, [x], attrs, partial(shapes.reduce, x.shape, axes, keepdims), "int64", name)
+
+
+def argmax(x, axis: int | None = None, keepdims: bool = False, *, name: str | None = None):
+    """int64 index of the first maximum along ``axis`` (None: into the flattened value), as
+    ``numpy.argmax``. No gradient flows through it; use it as ``gather``'s indices."""
+    return _arg("argmax", x, axis, keepdims, name)
+
+
+def argmin(x, axis: int | None = None, keepdims: bool = False, *, name: str | None = None):
+    """int64 index of the first minimum along ``axis`` (None: into the flattened value)."""
+    return _arg("argmin", x, axis, keepdims, name)
+
+
+def dropout(x, p: float = 0.5, training: bool = False):
+    """Dropout in evaluation mode: ``x`` itself (no node), as ``torch.nn.functional.dropout``
+    with ``training=False``. Training mode is random, which a graph (a pure function of its
+    inputs) cannot be: ``training=True`` raises ValueError."""
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    if training:
+        raise ValueError("dropout: training=True is random and semigrad graphs are deterministic; use "
+                         "training=False (evaluation: the identity), or multiply by a mask input you draw yourself")
+    return x
 
 
 def reshape(x, shape, *, name: str | None = None):

@@ -228,6 +228,10 @@ class Handle:
         """Maximum over ``axis``; see :func:`semigrad.max`."""
         return F.max(self, axis, keepdims, name=name)
 
+    def min(self, axis=None, keepdims: bool = False, *, name: str | None = None) -> Handle:
+        """Minimum over ``axis``; see :func:`semigrad.min`."""
+        return F.min(self, axis, keepdims, name=name)
+
     def reshape(self, *shape, name: str | None = None) -> Handle:
         """Reshape to ``shape``, given as ints or as one sequence (one -1 allowed)."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):

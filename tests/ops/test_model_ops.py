@@ -79,3 +79,28 @@ def test_einsum_batches_every_operand_like_vmap(client, rng):
         for t in range(3):
             np.testing.assert_allclose(out[s, t], av[s, 0] @ bv[t], rtol=1e-13)
             np.testing.assert_allclose(da[s, t], seed[s, t] @ bv[t].T, rtol=1e-13)
+
+
+def test_argmax_and_argmin_take_the_first_of_ties_and_flatten_without_an_axis(client):
+    g = sg.Graph()
+    x = g.input("x", (2, 3))
+    g.output("rows", sg.argmax(x, axis=1))
+    g.output("cols", sg.argmin(x, axis=0, keepdims=True))
+    g.output("flat", sg.argmax(x))
+    f = client.register(g)
+    xv = np.array([[[1.0, 5.0, 5.0], [2.0, 2.0, 0.0]], [[7.0, 7.0, 7.0], [0.0, 9.0, -1.0]]])  # batch of 2
+    out = f.evaluate({"x": xv})
+    np.testing.assert_array_equal(out["rows"], [[1, 0], [0, 1]])
+    np.testing.assert_array_equal(out["cols"], [[[0, 1, 1]], [[1, 0, 1]]])
+    np.testing.assert_array_equal(out["flat"], [1, 4])
+    assert out["rows"].dtype == np.int64
+
+
+def test_dropout_is_the_identity_in_eval_and_refuses_training():
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    assert sg.dropout(x, 0.1) is x and sg.dropout(x, 0.5, training=False) is x
+    with pytest.raises(ValueError, match="training=True"):
+        sg.dropout(x, 0.1, training=True)
+    with pytest.raises(ValueError, match="p must be"):
+        sg.dropout(x, 1.5)

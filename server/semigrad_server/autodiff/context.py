@@ -137,6 +137,10 @@ class AdjointContext:
         adjoint of a gather (`origin`: the gather node, which index errors name)."""
         raise NotImplementedError
 
+    def cumsum(self, g: str, axis: int, reverse: bool) -> str:
+        """Inclusive ⊕-scan of g along `axis` (from the end when `reverse`): cumsum's adjoint."""
+        raise NotImplementedError
+
     def one(self, t: Type) -> str:
         raise NotImplementedError
 
@@ -182,6 +186,12 @@ class RealContext(AdjointContext):
 
     def scatter_add(self, g, indices, axis, size, origin):
         return self.emit("scatter_add", [g, indices], axis=axis, size=size, origin=origin)
+
+    def cumsum(self, g, axis, reverse):
+        if not reverse:
+            return self.emit("cumsum", [g], axis=axis)
+        flip = (slice(None),) * axis + (slice(None, None, -1),)
+        return self.emit("index", [self.emit("cumsum", [self.emit("index", [g], index=flip)], axis=axis)], index=flip)
 
     def one(self, t):
         return self.emit("broadcast_to", [self.const(1, t.dtype)], shape=t.shape)
@@ -252,6 +262,9 @@ class SemiringContext(AdjointContext):
 
     def scatter_add(self, g, indices, axis, size, origin):
         return self._sr("sr_scatter_add", [g, indices], axis=axis, size=size, origin=origin)
+
+    def cumsum(self, g, axis, reverse):
+        return self._sr("sr_cumsum", [g], axis=axis, reverse=reverse)
 
     def one(self, t):
         return self._sr("sr_ones", [], shape=t.shape)

@@ -1,5 +1,6 @@
 """Indexing by data: gather (np.take; an embedding lookup is a gather on axis 0) and its dual
-scatter_add, each with shape rule, kernel, adjoint and element-level form in one place.
+scatter_add; the arg-reductions that make indices (argmax, argmin); the running sum cumsum.
+Each with shape rule, kernel, adjoint and element-level form in one place.
 
 Indices are int64 values of the graph (inputs or nodes), so they are checked when a request
 runs: an index outside [-n, n) of the indexed axis is INVALID_ARGUMENT naming the node (the
@@ -190,6 +191,91 @@ def _scatter_add_vjp(ctx, node, g, positions):
     return {0: ctx.edge_const(1, ctx.emit("gather", [g, idx], axis=a, origin=attrs["origin"] or node.id))}
 
 
+# ---------------------------------------------------------------- cumsum
+
+
+def _cumsum_infer(node, in_types, attrs):
+    (t,) = in_types
+    if t.rank == 0:
+        raise GraphError(node.id, "cumsum of a 0-d value")
+    if not t.is_float:
+        raise GraphError(node.id, f"cumsum takes a float operand, got {t.dtype}")
+    normalize_axis(node, attrs["axis"], t.rank)
+    return t
+
+
+def _cumsum_kernel(attrs, in_types, out_type):
+    rank = out_type.rank
+    axis = attrs["axis"] % rank - rank
+    return lambda x: np.cumsum(x, axis=axis)
+
+
+def scan_expand(add: str, reverse_attr: bool):
+    """Running `add` along the axis, in NumPy's order (out[i] = out[i-1] + x[i]); with
+    `reverse_attr`, from the end when the node's `reverse` attribute is set."""
+
+    def expand(el, operands, attrs, in_types, out_type):
+        x = operands[0]
+        axis = attrs["axis"] % x.ndim
+        moved = np.moveaxis(x, axis, -1)
+        out = np.empty(moved.shape, dtype=object)
+        steps = list(range(moved.shape[-1]))
+        if reverse_attr and attrs["reverse"]:
+            steps.reverse()
+        for row in np.ndindex(*moved.shape[:-1]):
+            acc = None
+            for i in steps:
+                acc = moved[row + (i,)] if acc is None else el.apply(add, (acc, moved[row + (i,)]))
+                out[row + (i,)] = acc
+        return np.moveaxis(out, -1, axis)
+
+    return expand
+
+
+def _cumsum_vjp(ctx, node, g, positions):
+    """x[j] reaches out[i] for every i ≥ j: the adjoint is a reverse ⊕-scan of g."""
+    axis = normalize_axis(node, ctx.attrs(node)["axis"], ctx.type(node.id).rank)
+    return {0: ctx.edge_const(1, ctx.cumsum(g, axis, reverse=True))}
+
+
+# ---------------------------------------------------------------- argmax, argmin
+
+
+def _arg_infer(node, in_types, attrs):
+    (t,) = in_types
+    if attrs["axis"] is None:
+        if t.size == 0:
+            raise GraphError(node.id, f"{node.op} of an empty value")
+        shape = (1,) * t.rank if attrs["keepdims"] else ()
+    else:
+        if t.rank == 0:
+            raise GraphError(node.id, f"{node.op} over an axis of a 0-d value")
+        a = normalize_axis(node, attrs["axis"], t.rank)
+        if t.shape[a] == 0:
+            raise GraphError(node.id, f"{node.op} over an empty axis")
+        shape = tuple(1 if i == a else d for i, d in enumerate(t.shape)) if attrs["keepdims"] else \
+            t.shape[:a] + t.shape[a + 1:]
+    return Type(shape, "int64")
+
+
+def _arg_kernel(fn):
+    """np.argmax/argmin of the real parts: complex arguments (the complex step) pick the index
+    the real values do, so the index stays a constant of the perturbation."""
+
+    def make(attrs, in_types, out_type):
+        rank, axis, keepdims = in_types[0].rank, attrs["axis"], attrs["keepdims"]
+        if axis is None:  # the index into the flattened item, as NumPy's
+            def flat(x):
+                lead = x.shape[: x.ndim - rank]
+                return fn(np.real(x).reshape(lead + (-1,)), axis=-1).reshape(lead + out_type.shape)
+
+            return flat
+        axis = axis % rank - rank
+        return lambda x: fn(np.real(x), axis=axis, keepdims=keepdims)
+
+    return make
+
+
 # ---------------------------------------------------------------- registration
 
 ORIGIN = AttrSpec("origin", "string", doc="set in backward graphs: the node whose indices these are (errors name it)")
@@ -212,3 +298,18 @@ def register(registry: Registry) -> None:
                   "the adjoint of gather",
               expand=scatter_add_expand("add", lambda el: el.number(0.0)), scalar_cost=input_cost,
               analytic=True))
+    add(OpDef("cumsum", "structural", ("x",), _cumsum_infer, _cumsum_kernel, vjp=_cumsum_vjp,
+              attrs=(AttrSpec("axis", "int", required=True),),
+              derivatives=(("x", "1 from x[j] to every out[i], i ≥ j: a reverse ⊕-scan of the adjoint"),),
+              doc="running sum along axis (np.cumsum)", expand=scan_expand("add", False), scalar_cost=input_cost,
+              analytic=True))
+    for name, fn in (("argmax", np.argmax), ("argmin", np.argmin)):
+        # No element-level form: the result is an index chosen by the data (scalar programs
+        # and SymPy expansions refuse the op by declaration); no gradient edge.
+        add(OpDef(name, "reduction", ("x",), _arg_infer, _arg_kernel(fn),
+                  vjp=lambda ctx, node, g, positions: dict.fromkeys(positions),
+                  attrs=(AttrSpec("axis", "int", doc="absent: the index into the flattened value"),
+                         AttrSpec("keepdims", "bool", default=False)),
+                  derivatives=(("x", "none: an int64 index, no gradient edge"),),
+                  doc=f"np.{name}: int64 index of the first {name[3:]}imum along axis (ties: the smallest index)",
+                  analytic=True))
