@@ -290,3 +290,25 @@ def test_best_paths_run_through_the_nn_ops(client, rng):
     grads = f.gradient(inputs, semiring="max_product", best_path=[("w", (1, 0, 1, 1))])
     (path,) = grads.best_paths
     assert path.steps, path
+
+
+def test_per_row_jacobians_of_semiring_adjoints_count_against_the_request_limit():
+    """Under a semiring other than the real one a softmax row of n builds an n×n Jacobian:
+    max_request_elements refuses it before anything is computed, while the real gradient
+    (O(n)) of the same graph stays under the limit."""
+    from semigrad_server.limits import Limits
+    from semigrad_server.service import build_server
+
+    n = 1500
+    server, port, _ = build_server("127.0.0.1:0", limits=Limits(max_request_elements=10 * n * 100))
+    server.start()
+    try:
+        with sg.Client(f"127.0.0.1:{port}") as small:
+            f = small.register(_graph(lambda x: sg.softmax(x), [(n,)]))
+            x = {"x0": np.linspace(-1, 1, n)}
+            assert f.gradient(x)["x0"].shape == (n,)
+            with pytest.raises(sg.SemigradError) as excinfo:
+                f.gradient(x, semiring="maxplus")
+            assert excinfo.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, excinfo.value
+    finally:
+        server.stop(0).wait()
