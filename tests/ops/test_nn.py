@@ -253,3 +253,62 @@ def test_integer_operands_are_refused(client):
 def test_the_client_refuses_bad_shapes_while_building(build):
     with pytest.raises(ValueError):
         build(sg.Graph())
+
+
+# ---------------------------------------------------------------- batch axes under semirings
+
+
+@pytest.mark.parametrize("semiring", ["maxplus", "log", "entropy"])
+@pytest.mark.parametrize("op", ["conv2d", "softmax", "max_pool2d"])
+def test_batched_weights_under_semirings_are_per_item(client, rng, semiring, op):
+    """vmap semantics under every kind of semiring (tropical, log, tuple-valued): item b of a
+    request whose data and weights both carry a batch axis is the request of item b alone
+    (whose path sums test_completeness checks against brute-force enumeration)."""
+    if op == "conv2d":
+        fn, shapes = (lambda x, w: sg.conv2d(x, w, stride=2, padding=1)), [(1, 2, 4, 3), (3, 2, 2, 2)]
+    elif op == "softmax":
+        fn, shapes = (lambda x, w: sg.softmax(x @ w, axis=0)), [(3, 2), (2, 4)]
+    else:
+        fn, shapes = (lambda x, w: sg.max_pool2d(x * w, 2, stride=1)), [(1, 2, 3, 3), (3, 3)]
+    f = client.register(_graph(fn, shapes))
+    inputs = {f"x{i}": rng.normal(size=(3,) + s) for i, s in enumerate(shapes)}
+    batched = f.gradient(inputs, semiring=semiring)
+    for b in range(3):
+        single = f.gradient({k: v[b] for k, v in inputs.items()}, semiring=semiring)
+        for name in inputs:
+            np.testing.assert_allclose(batched[name][b], single[name], rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_best_paths_run_through_the_nn_ops(client, rng):
+    """Selective semirings trace one best path per element through fused and windowed ops
+    (best paths read each node's local Jacobian)."""
+    g = sg.Graph()
+    x, w = g.input("x", (1, 1, 4, 4)), g.input("w", (2, 1, 2, 2))
+    g.output("y", sg.sum(sg.softmax(sg.reshape(sg.max_pool2d(sg.conv2d(x, w), 2, stride=1), (2, 4)))))
+    f = client.register(g)
+    inputs = {"x": rng.normal(size=(1, 1, 4, 4)), "w": rng.normal(size=(2, 1, 2, 2))}
+    grads = f.gradient(inputs, semiring="max_product", best_path=[("w", (1, 0, 1, 1))])
+    (path,) = grads.best_paths
+    assert path.steps, path
+
+
+def test_per_row_jacobians_of_semiring_adjoints_count_against_the_request_limit():
+    """Under a semiring other than the real one a softmax row of n builds an n×n Jacobian:
+    max_request_elements refuses it before anything is computed, while the real gradient
+    (O(n)) of the same graph stays under the limit."""
+    from semigrad_server.limits import Limits
+    from semigrad_server.service import build_server
+
+    n = 1500
+    server, port, _ = build_server("127.0.0.1:0", limits=Limits(max_request_elements=10 * n * 100))
+    server.start()
+    try:
+        with sg.Client(f"127.0.0.1:{port}") as small:
+            f = small.register(_graph(lambda x: sg.softmax(x), [(n,)]))
+            x = {"x0": np.linspace(-1, 1, n)}
+            assert f.gradient(x)["x0"].shape == (n,)
+            with pytest.raises(sg.SemigradError) as excinfo:
+                f.gradient(x, semiring="maxplus")
+            assert excinfo.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, excinfo.value
+    finally:
+        server.stop(0).wait()

@@ -420,15 +420,26 @@ def _conv_kernel(nd):
         cg, og, p = c // groups, o // groups, math.prod(geo.out)
         pads = [(0, 0)] * 2 + [(q, q) for q in geo.padding]
 
+        # With one channel per group a broadcast multiply computes the same products exactly
+        # and is far faster than a batched matmul of 1-wide matrices (as matmul's kernel).
+        product = np.multiply if cg == 1 else np.matmul
+
         def conv(x, w):
             lead_x, lead_w = x.shape[: x.ndim - nd - 2], w.shape[: w.ndim - nd - 2]
             xp = np.pad(x, [(0, 0)] * len(lead_x) + pads) if geo.has_padding else x
+            lead = np.broadcast_shapes(lead_x, lead_w)
             out = None
             for k in geo.offsets:  # one matmul per kernel offset: out += w[..., k] @ x shifted by k
                 xs = xp[(Ellipsis,) + geo.window(k)].reshape(lead_x + (n, groups, cg, p))
                 wk = w[(Ellipsis, slice(None), slice(None)) + k].reshape(lead_w + (1, groups, og, cg))
-                term = np.matmul(wk, xs)
-                out = term if out is None else out + term
+                if product is np.matmul:  # contiguous and unbroadcast, or NumPy's matmul leaves BLAS for a slow loop
+                    wk = np.ascontiguousarray(np.broadcast_to(wk, lead + (n, groups, og, cg)))
+                    xs = np.ascontiguousarray(np.broadcast_to(xs, lead + (n, groups, cg, p)))
+                term = product(wk, xs)
+                if out is None:
+                    out = term
+                else:
+                    out += term
             return out.reshape(out.shape[:-4] + (n, o) + geo.out)
 
         return conv
