@@ -53,6 +53,9 @@ CASES = {
                                                x.sum().reshape(1), x.std(0), torch.logsumexp(x, 1),
                                                x.max(dim=1).values, x.mean().reshape(1), x.min(0, keepdim=True).values[0]])),
                    (_t(3, 4),)),
+    "cumsum_argmax": (Fn(lambda m, x: torch.cumsum(x, 1) * 2 + torch.gather(x, 1, x.argmax(1, keepdim=True))
+                         + torch.index_select(x, 1, x[0].argmin()).expand(3, 4)
+                         * torch.gather(x, 1, x.min(dim=1).indices.reshape(3, 1))), (_t(3, 4),)),
     "shapes": (Fn(lambda m, x: torch.cat([x.permute(2, 0, 1).reshape(-1), x[:, 1:, ::2].flatten(),
                                           x.transpose(0, 1)[0].reshape(-1), x.unsqueeze(0).expand(2, 2, 3, 4).sum(0)
                                           .flatten(), torch.flip(x, [0, 2]).flatten(), x[1, 2],

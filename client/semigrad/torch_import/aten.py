@@ -6,9 +6,8 @@ consts with ``b.const``), the arguments are the FX node's with every tensor argu
 :class:`semigrad.Handle`. It returns a Handle, or a tuple for ops with several results (an
 element that is :class:`Missing` fails only when a later node reads it). An op or argument the
 table cannot express raises :class:`Unsupported`; the importer collects every such failure and
-reports them together. Ops of the op contract (docs/importing.md) map 1:1 onto semigrad's
-functions; the few the contract promises that this client may still lack (min, argmax, argmin,
-cumsum) are looked up with ``_contract`` and fall back or report themselves as unsupported.
+reports them together. Ops of the op contract (gather, softmax, layer_norm, conv2d, ...) map
+1:1 onto semigrad's functions.
 """
 
 from __future__ import annotations
@@ -33,11 +32,6 @@ def op(*names: str):
         return fn
 
     return register
-
-
-def _contract(name: str):
-    """The client function ``name`` of the op contract, or None where this client lacks it."""
-    return getattr(F, name, None)
 
 
 def _is_handle(x) -> bool:
@@ -377,55 +371,30 @@ def _amin(b, x, dim=(), keepdim=False):
 
 
 def _min(b, x, axes, keepdim, name):
-    minimum = _contract("min")
-    if minimum is not None:
-        return minimum(x, axes, keepdim, name=name)
-    return F.neg(F.max(F.neg(x, name=b.tmp()), axes, keepdim, name=b.tmp()), name=name)
+    return F.min(x, axes, keepdim, name=name)
 
 
 @op("aten.max.dim")
 def _max_dim(b, x, dim, keepdim=False):
-    values = F.max(x, dim, keepdim, name=b.name)
-    return values, _arg("argmax", b, x, dim, keepdim)
+    return F.max(x, dim, keepdim, name=b.name), F.argmax(x, dim, keepdim, name=b.tmp())
 
 
 @op("aten.min.dim")
 def _min_dim(b, x, dim, keepdim=False):
-    return _min(b, x, (dim,), keepdim, b.name), _arg("argmin", b, x, dim, keepdim)
+    return F.min(x, dim, keepdim, name=b.name), F.argmin(x, dim, keepdim, name=b.tmp())
 
 
 @op("aten.argmax.default", "aten.argmin.default")
 def _argmax(b, x, dim=None, keepdim=False):
-    which = "argmax" if "argmax" in b.target else "argmin"
-    result = _arg(which, b, x, dim, keepdim, name=b.name)
-    if isinstance(result, Missing):
-        raise Unsupported(result.reason)
-    return result
-
-
-def _arg(which, b, x, dim, keepdim, name=None):
-    """The indices of the max/min along ``dim`` (the contract's argmax/argmin), or Missing."""
-    fn = _contract(which)
-    if fn is None or dim is None:
-        return Missing(f"{which} (indices of a max or min) is not a semigrad op of this client")
-    if not keepdim:
-        return fn(x, dim, name=name or f"{b.name}/{which}")
-    index = fn(x, dim, name=f"{b.name}/{which}")
-    return F.reshape(index, _keep(x.shape, dim), name=name or f"{b.name}/{which}/keepdim")
-
-
-def _keep(shape, dim):
-    shape = list(shape)
-    shape[dim % len(shape)] = 1
-    return shape
+    arg = F.argmax if "argmax" in b.target else F.argmin
+    if dim is None and keepdim:  # torch keeps every axis as 1
+        return F.reshape(arg(x, None, name=b.tmp()), b.shape, name=b.name)
+    return arg(x, dim, keepdim, name=b.name)
 
 
 @op("aten.cumsum.default")
 def _cumsum(b, x, dim, *, dtype=None):
-    cumsum = _contract("cumsum")
-    if cumsum is None:
-        raise Unsupported("cumsum is not a semigrad op of this client")
-    return cumsum(x, dim, name=b.name)
+    return F.cumsum(x, dim, name=b.name)
 
 
 @op("aten.any.dim", "aten.any.dims", "aten.any.default")
@@ -476,7 +445,23 @@ def _embedding(b, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
 
 @op("aten.index_select.default")
 def _index_select(b, x, dim, index):
+    if not index.shape:  # torch reads a 0-d index as one index
+        index = F.reshape(index, (1,), name=b.tmp())
     return _take(b, x, index, dim, b.name)
+
+
+@op("aten.gather.default")
+def _gather_along(b, x, dim, index, *, sparse_grad=False):
+    """``torch.gather`` (``np.take_along_axis``): a take from the flattened ``x`` at
+    ``index * stride[dim] + (the flat offset of every other axis)``."""
+    shape = tuple(index.shape)
+    dim %= len(x.shape)
+    strides = [int(np.prod(x.shape[a + 1:])) for a in range(len(x.shape))]
+    grids = np.indices(shape) if shape else np.zeros((0,), np.int64)
+    base = sum(grids[a] * strides[a] for a in range(len(shape)) if a != dim) + np.zeros(shape, np.int64)
+    flat_index = F.add(F.mul(index, b.const(np.int64(strides[dim])), name=b.tmp()),
+                       b.const(base.astype(np.int64)), name=b.tmp())
+    return _take(b, F.reshape(x, (-1,), name=b.tmp()), flat_index, 0, b.name)
 
 
 def _take(b, x, indices, axis, name):
