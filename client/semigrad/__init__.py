@@ -1,7 +1,9 @@
-"""semigrad: a thin client for the semigrad graph-differentiation gRPC service.
+"""semigrad: graph differentiation with a replaceable backward semiring, in this process or on a server.
 
-Build a :class:`Graph` with operators and the op functions, register it with a
-:class:`Client`, then evaluate it or its gradients with the returned :class:`RegisteredGraph`.
+Build a :class:`Graph` with operators and the op functions (or :func:`trace` a NumPy-style
+function), register it with a :class:`Client` (``Client()`` runs the engine in this process,
+``Client("host:port")`` talks to a server), then evaluate it or its gradients with the returned
+:class:`RegisteredGraph`.
 """
 
 from .client import Client, RegisteredGraph
@@ -65,6 +67,7 @@ from .graph import CustomOp, Graph, Handle
 from .hooks import Contribution, PreHook, ServerHook
 from .messages import Gradients
 from .reports import CrossCheckReport, Formulas, SymbolicGradient
+from .trace import trace
 from .specs import AttrSpec, BestPath, DerivativeRule, OpInfo, PathStep, SemiringInfo, TensorSpec
 from .viz import render_dot
 
@@ -79,5 +82,5 @@ __all__ = [
     "abs", "add", "broadcast_to", "concat", "cos", "div", "elementwise", "eq", "erf", "exp", "expm1", "ge",
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
-    "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
+    "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where", "trace",
 ]
