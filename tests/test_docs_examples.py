@@ -35,7 +35,8 @@ def test_example_runs(server_address, path, index, code):
 
 ADDRESSED = re.compile(r"""Client\(\s*["']127\.0\.0\.1:50051["']\s*(,\s*)?""")
 # (shared memory is a server connection's: those examples are about the wire)
-SERVER_EXAMPLES = [(path, i, code) for path, i, code in EXAMPLES if ADDRESSED.search(code) and "shared_memory" not in code]
+SERVER_EXAMPLES = [(path, i, code) for path, i, code in EXAMPLES
+                   if ADDRESSED.search(code) and "shared_memory" not in code]
 
 
 @pytest.mark.parametrize("path,index,code", SERVER_EXAMPLES,

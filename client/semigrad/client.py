@@ -50,10 +50,10 @@ class Client:
     with DeadlineExceeded too, as gRPC refuses it. ``limits`` (a semigrad_server.limits.Limits)
     sets the in-process engine's request limits (a server's are options of ``semigrad serve``).
 
-    The rest are a server connection's: ``max_message_bytes`` limits sent and received messages; ``options`` are extra
-    gRPC channel options as (key, value) pairs and override the defaults; ``credentials``
-    (grpc.ChannelCredentials) make a secure channel. Use as a context manager, or call close().
-    Failed calls raise :class:`semigrad.SemigradError` subclasses.
+    The rest are a server connection's: ``max_message_bytes`` limits sent and received
+    messages; ``options`` are extra gRPC channel options as (key, value) pairs and override the
+    defaults; ``credentials`` (grpc.ChannelCredentials) make a secure channel. Use as a context
+    manager, or call close(). Failed calls raise :class:`semigrad.SemigradError` subclasses.
 
     ``shared_memory``: pass the tensors of evaluate, gradient and gradient_many calls through
     POSIX shared memory (/dev/shm) instead of the message, for a server on this host running as
