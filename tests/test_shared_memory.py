@@ -47,6 +47,12 @@ def inline_client(server_address):
 
 
 @pytest.fixture
+def client(remote_client):
+    """Shared memory is a remote client's; these tests also talk to the server through `stub`."""
+    return remote_client
+
+
+@pytest.fixture
 def stub(server_address):
     with grpc.insecure_channel(server_address) as channel:
         yield pb_grpc.GraphServiceStub(channel)

@@ -33,8 +33,8 @@ def test_unbatched_inputs_and_batched_seeds_are_split_consistently(client, rng):
     np.testing.assert_allclose(streamed["w"], seeds * xs)
 
 
-def test_an_error_in_one_chunk_does_not_end_the_stream(server_address, client, rng):
-    f = client.register(det_graph(2))
+def test_an_error_in_one_chunk_does_not_end_the_stream(server_address, remote_client, rng):
+    f = remote_client.register(det_graph(2))
     good = codec.to_tensor(rng.normal(size=(4, 2, 2)))
     bad = codec.to_tensor(rng.normal(size=(4, 3, 3)))  # wrong item shape
     requests = [pb.GradientStreamRequest(chunk=k, request=pb.GradientRequest(graph_id=f.id, inputs={"A": t}))

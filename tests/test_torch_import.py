@@ -1,6 +1,7 @@
 """sg.from_torch against torch.autograd: outputs and the gradient of every parameter, in float64
 (rtol 1e-10), on single inputs and on batches (a semigrad batch axis is torch.func.vmap), on a
-transformer encoder, a small CNN and an RNN cell unrolled 10 steps, in-process and remote."""
+transformer encoder, a small CNN and an RNN cell unrolled 10 steps, in process and remote (the
+``client`` fixture runs each test both ways: this module is in conftest's IN_PROCESS_MODULES)."""
 
 from __future__ import annotations
 
@@ -94,17 +95,6 @@ def imported():
     return get
 
 
-@pytest.fixture(params=["remote", "inprocess"])
-def any_client(request):
-    """The same tests against a server (the ``client`` fixture) and in-process, where the client has it."""
-    if request.param == "remote":
-        return request.getfixturevalue("client")
-    try:
-        return sg.Client()
-    except TypeError:
-        pytest.skip("this client has no in-process engine (sg.Client() without an address)")
-
-
 def _torch_reference(model, args, seed):
     """Output and gradients (of <output, seed>) w.r.t. every named parameter, by torch.autograd."""
     params = dict(model.named_parameters())
@@ -122,24 +112,24 @@ def _assert_matches(got_out, got_grads, want_out, want_grads):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_single_input_matches_torch(name, imported, any_client, rng):
+def test_single_input_matches_torch(name, imported, client, rng):
     model, result = imported(name)
     args = MODELS[name][1]()
     assert set(result.parameter_names) == {k for k, _ in model.named_parameters()}
     seed = rng.standard_normal(model(*args).shape)
     want_out, want_grads = _torch_reference(model, args, torch.from_numpy(seed))
-    graph = any_client.register(result.graph)
+    graph = client.register(result.graph)
     grads, outs = graph.gradient(result.inputs_for(*args), wrt=result.parameter_names,
                                  seeds={"output": seed}, return_outputs=True)
     _assert_matches(outs["output"], grads, want_out, want_grads)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_batch_axis_is_vmap(name, imported, any_client, rng):
+def test_batch_axis_is_vmap(name, imported, client, rng):
     """B items with a leading batch axis: one output and one gradient per item, as a loop in torch."""
     model, result = imported(name)
     batch = MODELS[name][2](3)
-    graph = any_client.register(result.graph)
+    graph = client.register(result.graph)
     out_shape = model(*MODELS[name][1]()).shape
     seeds = rng.standard_normal((3, *out_shape))
     grads, outs = graph.gradient(result.inputs_for(*batch), wrt=result.parameter_names,

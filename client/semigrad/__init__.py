@@ -1,7 +1,9 @@
-"""semigrad: a thin client for the semigrad graph-differentiation gRPC service.
+"""semigrad: graph differentiation with a replaceable backward semiring, in this process or on a server.
 
-Build a :class:`Graph` with operators and the op functions, register it with a
-:class:`Client`, then evaluate it or its gradients with the returned :class:`RegisteredGraph`.
+Build a :class:`Graph` with operators and the op functions (or :func:`trace` a NumPy-style
+function), register it with a :class:`Client` (``Client()`` runs the engine in this process,
+``Client("host:port")`` talks to a server), then evaluate it or its gradients with the returned
+:class:`RegisteredGraph`.
 """
 
 from .client import Client, RegisteredGraph
@@ -77,6 +79,7 @@ from .graph import CustomOp, Graph, Handle
 from .hooks import Contribution, PreHook, ServerHook
 from .messages import Gradients
 from .reports import CrossCheckReport, Formulas, SymbolicGradient
+from .trace import trace
 from .specs import AttrSpec, BestPath, DerivativeRule, OpInfo, PathStep, SemiringInfo, TensorSpec
 from .torch_import import TorchImport, TorchImportError, from_torch
 from .viz import render_dot
@@ -93,7 +96,7 @@ __all__ = [
     "abs", "add", "broadcast_to", "concat", "cos", "div", "elementwise", "eq", "erf", "exp", "expm1", "ge",
     "gt", "index", "le", "log", "log1p", "lt", "matmul", "max", "maximum", "mean", "minimum",
     "mul", "ne", "neg", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softplus", "sqrt",
-    "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where",
+    "square", "stack", "sub", "sum", "tan", "tanh", "transpose", "where", "trace",
     "avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "layer_norm", "log_softmax", "logsumexp", "max_pool1d",
     "max_pool2d", "softmax",
     "argmax", "argmin", "clamp", "cumsum", "dropout", "einsum", "gather", "gelu", "min", "scatter_add",

@@ -15,6 +15,7 @@ from .description import GraphDescription
 from .graph import Graph
 from .hook_stream import gradient_with_client_hooks
 from .hooks import attachments
+from .local import LocalTransport
 from .messages import Gradients
 from .reports import CrossCheckReport, SymbolicGradient
 from .specs import OpInfo, SemiringInfo, TensorSpec
@@ -39,13 +40,20 @@ class _OnTransport:
 
 
 class Client:
-    """A connection to a semigrad server.
+    """The semigrad engine: in this process, or a server's.
 
-    ``target`` is "host:port". ``timeout`` is the deadline of every call in seconds (None: no
-    deadline). ``max_message_bytes`` limits sent and received messages; ``options`` are extra
-    gRPC channel options as (key, value) pairs and override the defaults; ``credentials``
-    (grpc.ChannelCredentials) make a secure channel. Use as a context manager, or call close().
-    Failed calls raise :class:`semigrad.SemigradError` subclasses.
+    ``Client()`` without a ``target`` runs the engine in this process (no server, no sockets;
+    needs the full ``semigrad`` install, as it imports the server package); ``Client("host:port")``
+    talks to a server. Both take the same calls and give the same results, errors (class, status
+    code and message), hooks, streams and reports. ``timeout`` is the deadline of every call in
+    seconds (None: no deadline); in this process an answer found after the deadline is refused
+    with DeadlineExceeded too, as gRPC refuses it. ``limits`` (a semigrad_server.limits.Limits)
+    sets the in-process engine's request limits (a server's are options of ``semigrad serve``).
+
+    The rest are a server connection's: ``max_message_bytes`` limits sent and received
+    messages; ``options`` are extra gRPC channel options as (key, value) pairs and override the
+    defaults; ``credentials`` (grpc.ChannelCredentials) make a secure channel. Use as a context
+    manager, or call close(). Failed calls raise :class:`semigrad.SemigradError` subclasses.
 
     ``shared_memory``: pass the tensors of evaluate, gradient and gradient_many calls through
     POSIX shared memory (/dev/shm) instead of the message, for a server on this host running as
@@ -66,7 +74,7 @@ class Client:
 
     def __init__(
         self,
-        target: str,
+        target: str | None = None,
         *,
         timeout: float | None = None,
         options: Iterable[tuple[str, object]] | None = None,
@@ -74,7 +82,17 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         shared_memory: bool | str = "auto",
         shared_memory_threshold: int = SHARED_MEMORY_THRESHOLD,
+        limits=None,
     ):
+        if target is None:
+            if options or credentials is not None or shared_memory is True:
+                raise ValueError("options, credentials and shared_memory=True are a server connection's: "
+                                 "Client() without an address runs the engine in this process")
+            self.transport = LocalTransport(timeout=timeout, limits=limits)
+            return
+        if limits is not None:
+            raise ValueError("limits= sets the in-process engine's limits; a server's are options of "
+                             "`semigrad serve`")
         self.transport = Transport(target, timeout=timeout, options=options, max_message_bytes=max_message_bytes,
                                    credentials=credentials, shared_memory=shared_memory,
                                    shared_memory_threshold=shared_memory_threshold)
@@ -108,8 +126,13 @@ class Client:
         response = self.transport.call("ListSemirings", pb.ListSemiringsRequest())
         return [SemiringInfo.from_proto(s) for s in response.semirings]
 
+    @property
+    def in_process(self) -> bool:
+        """Whether the engine runs in this process (a Client made without an address)."""
+        return isinstance(self.transport, LocalTransport)
+
     def close(self) -> None:
-        """Close the channel and remove the client's shared-memory regions."""
+        """Close the channel and remove the client's shared-memory regions (in process: nothing)."""
         self.transport.close()
 
     def shared_memory_regions(self) -> list[str]:
@@ -247,6 +270,11 @@ class RegisteredGraph:
         if clashes:
             raise ValueError(f"node ids {sorted(clashes)} are also output names")
         arrays = messages.arrays(inputs, self.input_specs)
+        transport = self.client.transport
+        if type(transport) is LocalTransport and arrays.keys() <= self.input_specs.keys():
+            values = transport.evaluate(self.id, arrays, tuple(outputs), tuple(nodes), backend)
+            if values is not None:
+                return values
         request = pb.EvaluateRequest(graph_id=self.id, outputs=outputs, nodes=nodes, backend=backend)
         returned = [*(outputs or (o.name for o in self.graph.outputs)), *nodes]
         expected = lambda: messages.result_bytes(  # noqa: E731
@@ -286,6 +314,18 @@ class RegisteredGraph:
         :class:`ServerHook` runs on the server; what "record" hooks saw is in
         ``gradients.records``.
         """
+        transport = self.client.transport
+        if (type(transport) is LocalTransport and not hooks and semiring == "real"
+                and not (seeds or semiring_params or return_components or best_path or retain)):
+            arrays = messages.arrays(inputs, self.input_specs)
+            if arrays.keys() <= self.input_specs.keys():  # (the hot path: no messages)
+                result = transport.gradient(self.id, arrays, tuple(messages.names(wrt)),
+                                            tuple(messages.names(outputs)), return_outputs, backend)
+                if result is not None:
+                    gradients = Gradients(result[0])
+                    gradients.outputs = result[1]
+                    gradients.components, gradients.best_paths, gradients.retained, gradients.records = {}, [], {}, {}
+                    return (gradients, gradients.outputs) if return_outputs else gradients
         wire, local = attachments(hooks)
         request, tensors = messages.gradient_request(self, inputs, wrt, seeds, outputs, return_outputs, semiring,
                                                      semiring_params, return_components, best_path, backend,

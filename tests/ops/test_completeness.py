@@ -288,8 +288,12 @@ def test_every_semiring(client, rng, case, semiring):
     assert report.passed, str(report)
 
 
-@pytest.fixture(scope="module", params=["inline", "shared_memory"])
+@pytest.fixture(scope="module", params=["inline", "shared_memory", "in_process"])
 def transport_client(request, server_address):
+    if request.param == "in_process":
+        with sg.Client() as c:
+            yield c
+        return
     with sg.Client(server_address, shared_memory=request.param == "shared_memory") as c:
         yield c
 
