@@ -127,6 +127,27 @@ def test_op_matches_torch(name, client, rng):
     assert set(renamed.get(k, k) for k in grads) == set(want_grads)
 
 
+def test_decomposed_builds_the_fused_ops_from_primitives(client, rng):
+    """decomposed=True: no fused softmax, log_softmax or layer_norm node, same values and
+    gradients as torch (the default imports them fused: checked in CASES above)."""
+    module = _m(Fn(lambda m, x: torch.softmax(x @ m.w, -1) + torch.log_softmax(x, 0)
+                   + torch.logsumexp(x, 1, keepdim=True) + F.layer_norm(x, (4,)), w=_t(4, 4, seed=3)))
+    x = _t(3, 4)
+    fused = {n.op for n in sg.from_torch(module, (x,)).graph.to_proto().nodes}
+    result = sg.from_torch(module, (x,), decomposed=True)
+    ops = {n.op for n in result.graph.to_proto().nodes}
+    assert {"softmax", "log_softmax", "layer_norm"} <= fused  # torch itself decomposes logsumexp
+    assert not ops & {"softmax", "log_softmax", "logsumexp", "layer_norm"}, ops
+    seed = rng.standard_normal((3, 4))
+    want_outs, want_grads = _reference(module, (x,), [seed])
+    (arg,) = result.user_inputs
+    grads, got = client.register(result.graph).gradient(result.inputs_for(x), wrt=["w", arg],
+                                                         seeds={"output": seed}, return_outputs=True)
+    np.testing.assert_allclose(got["output"], want_outs[0], rtol=1e-10)
+    np.testing.assert_allclose(grads["w"], want_grads["w"], rtol=1e-10)
+    np.testing.assert_allclose(grads[arg], want_grads["arg0"], rtol=1e-10, atol=1e-13)
+
+
 def test_unsupported_ops_are_listed_at_once_with_their_lines():
     def model(x):
         a = torch.sort(x).values  # line A

@@ -87,9 +87,9 @@ def from_torch(model, example_args: Sequence = (), example_kwargs: Mapping | Non
     example arguments (a batch of them is a semigrad batch: extra leading axes on the inputs).
     ``params="inputs"`` (default) makes parameters and buffers graph inputs named by their
     ``state_dict()`` keys, so their gradients and semiring results can be asked for;
-    ``params="constants"`` bakes them into the graph as consts. ``decomposed=True`` builds fused
-    ops (softmax, log_softmax, logsumexp, layer_norm) from primitive nodes, as PyTorch's own
-    decomposition would: path results of semirings depend on it.
+    ``params="constants"`` bakes them into the graph as consts. ``decomposed=True`` builds the fused
+    ops (softmax, log_softmax, layer_norm) from primitive nodes instead: path results of
+    semirings depend on it.
 
     Every op or argument that cannot be expressed is reported at once, with its source location,
     in a :class:`TorchImportError`; nothing is silently dropped.
