@@ -95,3 +95,12 @@ def test_client_pyproject_depends_only_on_grpcio_protobuf_numpy():
     assert names == {"grpcio", "protobuf", "numpy"}
     for extra in project.get("optional-dependencies", {}).values():
         assert not any(req.lower().startswith(("sympy", "semigrad")) for req in extra)
+
+
+def test_client_pyproject_lists_every_package():
+    """The thin client's distribution ships every package of client/semigrad (a subpackage left
+    out would make `import semigrad` fail in a client-only install)."""
+    listed = set(tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {".".join(init.parent.relative_to(ROOT / "client").parts)
+                for init in (ROOT / "client" / "semigrad").rglob("__init__.py")}
+    assert packages == listed
