@@ -148,6 +148,15 @@ def test_decomposed_builds_the_fused_ops_from_primitives(client, rng):
     np.testing.assert_allclose(grads[arg], want_grads["arg0"], rtol=1e-10, atol=1e-13)
 
 
+def test_indices_nobody_reads_add_no_node():
+    """max(dim) returns values and indices; only read indices become argmax nodes (an unread one
+    would make the scalar and symbolic backends refuse the graph for nothing)."""
+    values_only = sg.from_torch(lambda x: x.max(dim=1).values, (_t(3, 4),))
+    both = sg.from_torch(lambda x: x.max(dim=1).indices, (_t(3, 4),))
+    assert "argmax" not in {n.op for n in values_only.graph.to_proto().nodes}
+    assert "argmax" in {n.op for n in both.graph.to_proto().nodes}
+
+
 def test_unsupported_ops_are_listed_at_once_with_their_lines():
     def model(x):
         a = torch.sort(x).values  # line A

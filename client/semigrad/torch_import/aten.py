@@ -4,7 +4,8 @@ An entry is ``fn(b, *args, **kwargs)``: ``b`` is the :class:`~.builder.NodeBuild
 node (its final node id ``b.name``, fresh ids for helper nodes from ``b.tmp()``, scalars as
 consts with ``b.const``), the arguments are the FX node's with every tensor argument already a
 :class:`semigrad.Handle`. It returns a Handle, or a tuple for ops with several results (an
-element that is :class:`Missing` fails only when a later node reads it). An op or argument the
+element that is :class:`Missing` fails only when a later node reads it; one that is
+:class:`Lazy` is built only then). An op or argument the
 table cannot express raises :class:`Unsupported`; the importer collects every such failure and
 reports them together. Ops of the op contract (gather, softmax, layer_norm, conv2d, ...) map
 1:1 onto semigrad's functions.
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .. import functions as F
-from .builder import Missing, NodeBuilder, Unsupported
+from .builder import Lazy, Missing, NodeBuilder, Unsupported
 
 TABLE: dict[str, Callable] = {}
 
@@ -376,12 +377,12 @@ def _min(b, x, axes, keepdim, name):
 
 @op("aten.max.dim")
 def _max_dim(b, x, dim, keepdim=False):
-    return F.max(x, dim, keepdim, name=b.name), F.argmax(x, dim, keepdim, name=b.tmp())
+    return F.max(x, dim, keepdim, name=b.name), Lazy(lambda: F.argmax(x, dim, keepdim, name=b.tmp()))
 
 
 @op("aten.min.dim")
 def _min_dim(b, x, dim, keepdim=False):
-    return F.min(x, dim, keepdim, name=b.name), F.argmin(x, dim, keepdim, name=b.tmp())
+    return F.min(x, dim, keepdim, name=b.name), Lazy(lambda: F.argmin(x, dim, keepdim, name=b.tmp()))
 
 
 @op("aten.argmax.default", "aten.argmin.default")

@@ -1,5 +1,6 @@
-"""What an ATen table entry works with: the builder of one FX node's semigrad nodes, and the two
-ways an entry says it cannot go on (Unsupported at once, Missing for a result nobody read yet)."""
+"""What an ATen table entry works with: the builder of one FX node's semigrad nodes, the two ways
+an entry says it cannot go on (Unsupported at once, Missing for a result nobody read yet), and
+Lazy results built only when read."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ class Missing:
     harmless until a node of the exported program reads it."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A result of a multi-result op built only when a node of the exported program reads it
+    (max.dim's indices): unread, it adds no node to the graph."""
+
+    build: object  # () -> Handle
 
 
 class NodeBuilder:

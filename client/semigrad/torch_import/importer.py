@@ -14,7 +14,7 @@ import numpy as np
 
 from ..graph import Graph
 from .aten import TABLE
-from .builder import Missing, NodeBuilder, Unsupported
+from .builder import Lazy, Missing, NodeBuilder, Unsupported
 
 PARAMS = ("inputs", "constants")
 
@@ -287,6 +287,7 @@ class _Importer:
             kwargs = fx.node.map_arg(node.kwargs, lambda n: self.value(n))
             if node.target is operator.getitem:
                 value = args[0][args[1]]
+                value = value.build() if isinstance(value, Lazy) else value
             else:
                 entry = TABLE.get(target)
                 if entry is None:
