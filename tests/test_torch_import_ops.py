@@ -256,3 +256,48 @@ def test_an_intermediate_node_by_its_torch_name(client, rng):
     assert result.modules[node] == "1"
     grads = client.register(result.graph).gradient(result.inputs_for(x), seeds={"output": seed}, retain=[node])
     np.testing.assert_allclose(grads.retained[node], seen["tanh"].grad.numpy(), rtol=1e-12)
+
+
+class Tied(nn.Module):
+    """An embedding tied to the output layer, a keyword argument and a dict of outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens, *, scale):
+        hidden = self.emb(tokens) * scale
+        return {"logits": self.head(hidden), "hidden": hidden}
+
+
+def test_tied_weights_keyword_arguments_and_dict_outputs(client, rng):
+    module = _m(Tied())
+    tokens, scale = torch.tensor([[1, 2, 3, 2]]), torch.tensor(1.5, dtype=torch.float64)
+    result = sg.from_torch(module, (tokens,), {"scale": scale})
+    assert result.parameter_names == [k for k, _ in module.named_parameters()] == ["emb.weight"]
+    assert result.user_inputs == ("tokens", "scale") and result.outputs == ("logits", "hidden")
+    seeds = {"logits": rng.standard_normal((1, 4, 10)), "hidden": rng.standard_normal((1, 4, 4))}
+    grads = client.register(result.graph).gradient(result.inputs_for(tokens, scale=scale),
+                                                   wrt=["emb.weight", "scale"], seeds=seeds)
+    scale = scale.clone().requires_grad_()
+    out = module(tokens, scale=scale)
+    torch.autograd.backward([out["logits"], out["hidden"]], [torch.from_numpy(seeds["logits"]),
+                                                             torch.from_numpy(seeds["hidden"])])
+    np.testing.assert_allclose(grads["emb.weight"], module.emb.weight.grad.numpy(), rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(grads["scale"], scale.grad.numpy(), rtol=1e-10)
+
+
+def test_a_float32_model_is_a_float32_graph(client):
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 2)).eval()
+    x = torch.randn(1, 3, 6, 6)
+    result = sg.from_torch(module, (x,))
+    grads, outs = client.register(result.graph).gradient(result.inputs_for(x), wrt=result.parameter_names,
+                                                         return_outputs=True)
+    module(x).sum().backward()
+    assert outs["output"].dtype == np.float32 and grads["0.weight"].dtype == np.float32
+    np.testing.assert_allclose(outs["output"], module(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    for name, p in module.named_parameters():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)

@@ -38,8 +38,10 @@ class TorchImport:
     ``graph`` is the semigrad :class:`~semigrad.Graph`. Its inputs are the model's tensor
     arguments (named like the forward's parameters, ``user_inputs`` in order) and, with
     ``params="inputs"``, its parameters and buffers named by their ``state_dict()`` keys, whose
-    values are in ``parameters`` and ``buffers``. ``outputs`` are the graph's output names, in the
-    order of the model's flattened outputs. ``nodes`` maps each node of the exported program
+    values are in ``parameters`` and ``buffers`` (a tied weight under the name
+    ``named_parameters()`` gives it). ``outputs`` are the graph's output names: "output" for one
+    tensor, the keys of a dict of tensors, else "output_0", "output_1"... in the order of the
+    model's flattened outputs. ``nodes`` maps each node of the exported program
     (``exported.graph``) to the semigrad node or input holding its value; ``modules`` maps semigrad
     node ids to the path of the submodule whose code made them ("enc.layers.0.linear1").
     :meth:`inputs_for` builds the ``inputs`` mapping of an evaluate or gradient call.
@@ -104,7 +106,18 @@ def from_torch(model, example_args: Sequence = (), example_kwargs: Mapping | Non
             model = _FunctionModule(torch, model)
         program = torch.export.export(model, tuple(example_args), dict(example_kwargs or {}), strict=strict)
     program = program.run_decompositions()
-    return _Importer(torch, program, params, decomposed).run()
+    names = _first_names(model) if isinstance(model, torch.nn.Module) else {}
+    return _Importer(torch, program, params, decomposed, names).run()
+
+
+def _first_names(module) -> dict[str, str]:
+    """state_dict key -> the name ``named_parameters()``/``named_buffers()`` give the same tensor
+    (tied weights have several keys; export may pick any, users know the first)."""
+    first: dict[int, str] = {}
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        first.setdefault(id(tensor), name)
+    keys = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    return {name: first[id(tensor)] for name, tensor in keys if id(tensor) in first}
 
 
 def _torch():
@@ -172,8 +185,9 @@ def _module_path(node) -> str:
 
 
 class _Importer:
-    def __init__(self, torch, program, params: str, decomposed: bool):
+    def __init__(self, torch, program, params: str, decomposed: bool, names: Mapping[str, str]):
         self.torch = torch
+        self.names = names  # state_dict key -> the module's first name for that tensor
         self.program = program
         self.params = params
         self.decomposed = decomposed
@@ -228,11 +242,12 @@ class _Importer:
                 if name not in used:
                     continue
                 value = _array(self.state(spec))
+                key = self.names.get(spec.target, spec.target)
                 if spec.kind == kinds.CONSTANT_TENSOR or self.params == "constants":
-                    self.env[name] = self.graph.const(value, name=self.unique(spec.target))
+                    self.env[name] = self.graph.const(value, name=self.unique(key))
                 else:
-                    self.env[name] = self.input(spec.target, node)
-                    (parameters if spec.kind == kinds.PARAMETER else buffers)[spec.target] = value
+                    self.env[name] = self.input(key, node)
+                    (parameters if spec.kind == kinds.PARAMETER else buffers)[key] = value
                 self.nodes[name] = self.env[name].id
                 continue
             self.problem(node, str(spec.kind), f"input {spec.target or name!r} of kind {spec.kind.name}")
@@ -348,7 +363,7 @@ class _Importer:
             if spec.kind != kinds.USER_OUTPUT:
                 self.problem(node, "output", f"the model mutates {spec.target!r} ({spec.kind.name}); "
                              "semigrad graphs are pure (put the module in eval mode)")
-        names = ["output"] if len(user) == 1 else [f"output_{i}" for i in range(len(user))]
+        names = self.output_names(len(user))
         for name, (spec, result) in zip(names, user):
             if not isinstance(result, self.torch.fx.Node):
                 self.problem(node, "output", f"{name} is the constant {result!r}, not a tensor")
@@ -359,6 +374,16 @@ class _Importer:
                 else:
                     self.graph.output(name, value)
         return tuple(names)
+
+    def output_names(self, count: int) -> list[str]:
+        """"output" for one output, a dict's keys for a dict of tensors, else "output_0", "output_1"..."""
+        spec = getattr(getattr(self.program, "call_spec", None), "out_spec", None)
+        if count == 1:
+            return ["output"]
+        if (spec is not None and spec.type is dict and all(c.is_leaf() for c in spec.children_specs)
+                and len(spec.context) == count and all(isinstance(k, str) and k for k in spec.context)):
+            return list(spec.context)
+        return [f"output_{i}" for i in range(count)]
 
     def problem(self, node, op: str, why: str) -> None:
         where = _location(node, self.skip) if node is not None else ""
