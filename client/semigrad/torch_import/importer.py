@@ -318,6 +318,10 @@ class _Importer:
             self.problem(node, target, str(error))
             self.failed.add(node.name)
             return
+        except (ValueError, TypeError, IndexError) as error:  # a semigrad function refused the arguments
+            self.problem(node, target, f"semigrad refused the arguments: {type(error).__name__}: {error}")
+            self.failed.add(node.name)
+            return
         try:
             self.check(node, target, value)
         except Unsupported as error:
