@@ -1,5 +1,6 @@
 """Ops of backward graphs under a semiring other than the real one, bound to one configured
-semiring: lift, ⊗, ⊕, ⊕-reduce, semiring matmul, scatter into 0̄, 1̄.
+semiring: lift, ⊗, ⊕, ⊕-reduce, semiring matmul, scatter into 0̄, scatter-⊕ by indices
+(gather's adjoint), ⊕-scan (cumsum's adjoint), 1̄.
 
 Their values are semiring values (an array, or a tuple of arrays for tuple carriers); their
 types give the item shape only. They have no adjoints: a non-real backward graph is not
