@@ -647,7 +647,7 @@ def _pool_vjp(nd, kind):
 
 
 def _pool_attrs(nd):
-    return (AttrSpec("kernel_size", "ints", required=True, doc=f"{nd} window sizes (or one for all axes)"),
+    return (AttrSpec("kernel_size", "ints", required=True, doc=f"{nd} window size(s), or one for every axis"),
             AttrSpec("stride", "ints", doc="absent: kernel_size"),
             AttrSpec("padding", "ints", default=(0,), doc="per side; at most half the kernel size"))
 
@@ -676,8 +676,11 @@ def register(registry: Registry) -> None:
               derivatives=(("x", "(δ_ij − 1/n − y_i y_j / n) / σ within the row: dense, one edge per pair"),),
               doc="(x − mean) / sqrt(var + eps) over axes, biased variance, no affine part (fused)",
               expand=_row_expand(_ln_axes_attr, _ln_row), scalar_cost=lambda i, o: 6 * o.size, analytic=True))
-    conv_attrs = (AttrSpec("stride", "ints", default=(1,)), AttrSpec("padding", "ints", default=(0,)),
-                  AttrSpec("dilation", "ints", default=(1,)), AttrSpec("groups", "int", default=1))
+    per_axis = "one entry for every spatial axis, or one per axis"
+    conv_attrs = (AttrSpec("stride", "ints", default=(1,), doc=per_axis),
+                  AttrSpec("padding", "ints", default=(0,), doc=f"zeros on both sides; {per_axis}"),
+                  AttrSpec("dilation", "ints", default=(1,), doc=per_axis),
+                  AttrSpec("groups", "int", default=1, doc="channel groups (divides C and O)"))
     for nd in (1, 2):
         layout = "N, C, L; w: O, C/groups, K" if nd == 1 else "N, C, H, W; w: O, C/groups, KH, KW"
         add(OpDef(f"conv{nd}d", "linalg", ("x", "w"), _conv_infer(nd), _conv_kernel(nd), vjp=_conv_vjp(nd),
