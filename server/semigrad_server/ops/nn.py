@@ -140,7 +140,11 @@ def _softmax_row(el, row, attrs):
 
 
 def _eye(ctx, n, dtype, shift=0.0):
-    return ctx.const(np.eye(n) - shift, dtype)
+    """δ_ij − shift as an n×n node built from two length-n constants (an n×n constant would sit
+    in the graph's hash and description)."""
+    index = ctx.const(np.arange(n), "float64")  # exact, and a dtype scalar programs hold
+    hit = ctx.emit("eq", [ctx.emit("reshape", [index], shape=(n, 1)), ctx.emit("reshape", [index], shape=(1, n))])
+    return ctx.emit("where", [hit, ctx.const(1.0 - shift, dtype), ctx.const(-shift, dtype)])
 
 
 def _softmax_vjp(ctx, node, g, positions):
