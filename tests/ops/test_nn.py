@@ -312,3 +312,52 @@ def test_per_row_jacobians_of_semiring_adjoints_count_against_the_request_limit(
             assert excinfo.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, excinfo.value
     finally:
         server.stop(0).wait()
+
+
+@pytest.mark.parametrize("semiring", ["maxplus", "entropy"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "conv2d", "max_pool2d", "avg_pool1d"])
+def test_semiring_adjoints_run_as_scalar_programs(client, rng, semiring, op):
+    """The semiring adjoints' nodes all have element-level forms: the scalar backend gives the
+    tensor engine's result (under a tropical and a tuple-valued semiring)."""
+    fn, shapes = {
+        "softmax": (lambda x: sg.softmax(x, axis=0), [(3, 2)]),
+        "log_softmax": (sg.log_softmax, [(2, 3)]),
+        "layer_norm": (lambda x: sg.layer_norm(x, axes=(0, 1)), [(2, 3)]),
+        "conv2d": (lambda x, w: sg.conv2d(x, w, padding=1, stride=2), [(1, 2, 3, 3), (2, 2, 2, 2)]),
+        "max_pool2d": (lambda x: sg.max_pool2d(x, 2, stride=1, padding=1), [(1, 1, 3, 3)]),
+        "avg_pool1d": (lambda x: sg.avg_pool1d(x, 3, stride=2, padding=1), [(1, 2, 5)]),
+    }[op]
+    f = client.register(_graph(fn, shapes))
+    inputs = {f"x{i}": rng.normal(size=(2,) + s) for i, s in enumerate(shapes)}
+    want = f.gradient(inputs, semiring=semiring, backend="tensor")
+    got = f.gradient(inputs, semiring=semiring, backend="scalar")
+    for name in inputs:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_padding_is_never_materialised(client, rng):
+    """Huge padding and kernels (PyTorch's rules allow them) cost what the windows read, not
+    the padded size: a 10¹²-wide average pool over one element, and a conv padded by 10⁶ with
+    stride 10⁶ (its padded input would be 4·10¹² elements), answer at once, by closed form."""
+    g = sg.Graph()
+    x = g.input("x", (1, 2, 1))
+    g.output("out", sg.avg_pool1d(x, 10**12, padding=5 * 10**11))
+    f = client.register(g)
+    value = rng.normal(size=(1, 2, 1))
+    np.testing.assert_allclose(f.evaluate({"x": value})["out"], value / 1e12, rtol=1e-15)
+    np.testing.assert_allclose(f.gradient({"x": value})["x"], np.full(value.shape, 1e-12), rtol=1e-15)
+
+    g = sg.Graph()
+    x, w = g.input("x", (1, 1, 3, 3)), g.input("w", (1, 1, 2, 2))
+    g.output("out", sg.conv2d(x, w, stride=10**6, padding=10**6))
+    f = client.register(g)
+    point = {"x": rng.normal(size=(1, 1, 3, 3)), "w": rng.normal(size=(1, 1, 2, 2))}
+    out = f.evaluate(point)["out"]
+    want = np.zeros((1, 1, 3, 3))
+    want[0, 0, 1, 1] = np.sum(point["w"][0, 0] * point["x"][0, 0, :2, :2])  # only the middle window reads x
+    np.testing.assert_allclose(out, want, rtol=1e-14)
+    grads = f.gradient(point)
+    dx = np.zeros((1, 1, 3, 3))
+    dx[0, 0, :2, :2] = point["w"][0, 0]
+    np.testing.assert_allclose(grads["x"], dx, rtol=1e-15)
+    np.testing.assert_allclose(grads["w"], point["x"][:, :, :2, :2], rtol=1e-15)

@@ -24,6 +24,7 @@ windowed ops"):
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -140,7 +141,11 @@ def _softmax_row(el, row, attrs):
 
 
 def _eye(ctx, n, dtype, shift=0.0):
-    return ctx.const(np.eye(n) - shift, dtype)
+    """δ_ij − shift as an n×n node built from two length-n constants (an n×n constant would sit
+    in the graph's hash and description)."""
+    index = ctx.const(np.arange(n), "float64")  # exact, and a dtype scalar programs hold
+    hit = ctx.emit("eq", [ctx.emit("reshape", [index], shape=(n, 1)), ctx.emit("reshape", [index], shape=(1, n))])
+    return ctx.emit("where", [hit, ctx.const(1.0 - shift, dtype), ctx.const(-shift, dtype)])
 
 
 def _softmax_vjp(ctx, node, g, positions):
@@ -328,7 +333,8 @@ def _ln_axes_attr(attrs, rank):
 
 class Geometry:
     """Where the windows of a conv or pool lie: spatial sizes S, kernel K, stride, padding,
-    dilation, output sizes OS (PyTorch's floor rule)."""
+    dilation, output sizes OS (PyTorch's floor rule). Padding is never materialised: each
+    kernel offset reads a strided block of the input into a block of the output windows."""
 
     def __init__(self, spatial, kernel, stride, padding, dilation):
         self.spatial, self.kernel = tuple(spatial), tuple(kernel)
@@ -337,23 +343,48 @@ class Geometry:
         self.padded = tuple(s + 2 * p for s, p in zip(self.spatial, self.padding))
         self.out = tuple((sp - d * (k - 1) - 1) // st + 1
                          for sp, k, st, d in zip(self.padded, self.kernel, self.stride, self.dilation))
-        self.offsets = list(np.ndindex(*self.kernel))
         self.kernel_size = math.prod(self.kernel)
 
-    @property
-    def has_padding(self) -> bool:
-        return any(self.padding)
+    def _axis_reads(self, axis: int, k: int):
+        """(first window, windows, first input position) of offset k's in-range reads on one axis, or None."""
+        s, size, out = self.stride[axis], self.spatial[axis], self.out[axis]
+        start = self.padding[axis] - k * self.dilation[axis]  # window i reads i·s − start
+        lo = max(0, -(-start // s))
+        hi = min(out - 1, (size - 1 + start) // s)
+        return (lo, hi - lo + 1, lo * s - start) if lo <= hi else None
 
-    def window(self, k) -> tuple:
-        """Basic index (over N, C and the padded spatial axes) of the elements at kernel offset k
-        in every window: one shifted, strided view per offset."""
-        return (slice(None), slice(None)) + tuple(
-            slice(ki * d, ki * d + st * (o - 1) + 1, st)
-            for ki, d, st, o in zip(k, self.dilation, self.stride, self.out))
+    def reads(self, k):
+        """Per axis (first window, windows, first input position) for kernel offset k, or None
+        when every window reads padding there."""
+        parts = tuple(self._axis_reads(a, ki) for a, ki in enumerate(k))
+        return None if any(r is None for r in parts) else parts
 
-    def interior(self) -> tuple:
-        """Basic index of the unpadded elements in the padded array."""
-        return (slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(self.padding, self.spatial))
+    def all_offsets(self) -> list:
+        return list(np.ndindex(*self.kernel))
+
+    def reading_offsets(self) -> list:
+        """The offsets that read at least one input element, in row-major order; per axis
+        only the candidates k·d in [p − (OS−1)·s, p + S − 1] are tried (for pools, whose
+        padding is at most half the kernel, at most 2·S of them), never the whole kernel."""
+        axes = []
+        for a in range(self.nd):
+            d, p, s = self.dilation[a], self.padding[a], self.stride[a]
+            first = max(0, -(-(p - (self.out[a] - 1) * s) // d))
+            last = min(self.kernel[a] - 1, (p + self.spatial[a] - 1) // d)
+            axes.append([k for k in range(first, last + 1) if self._axis_reads(a, k) is not None])
+        return list(itertools.product(*axes))
+
+    def full(self, reads) -> bool:
+        return all(count == out for (_, count, _), out in zip(reads, self.out))
+
+    def source_index(self, reads) -> tuple:
+        """Basic index (over N, C and the spatial axes) of the input elements an offset reads."""
+        return (slice(None), slice(None)) + tuple(slice(src, src + s * (count - 1) + 1, s)
+                                                  for (_, count, src), s in zip(reads, self.stride))
+
+    def target_index(self, reads) -> tuple:
+        """Basic index (over N, C and the output's spatial axes) of the windows that read them."""
+        return (slice(None), slice(None)) + tuple(slice(lo, lo + count) for lo, count, _ in reads)
 
     def source(self, out_index, k):
         """The unpadded spatial index that window `out_index` reads at offset k, or None (padding)."""
@@ -418,7 +449,7 @@ def _conv_kernel(nd):
         o = in_types[1].shape[0]
         groups = int(attrs["groups"])
         cg, og, p = c // groups, o // groups, math.prod(geo.out)
-        pads = [(0, 0)] * 2 + [(q, q) for q in geo.padding]
+        blocks = [(k, reads) for k in geo.all_offsets() if (reads := geo.reads(k)) is not None]
 
         # With one channel per group a broadcast multiply computes the same products exactly
         # and is far faster than a batched matmul of 1-wide matrices (as matmul's kernel).
@@ -426,21 +457,19 @@ def _conv_kernel(nd):
 
         def conv(x, w):
             lead_x, lead_w = x.shape[: x.ndim - nd - 2], w.shape[: w.ndim - nd - 2]
-            xp = np.pad(x, [(0, 0)] * len(lead_x) + pads) if geo.has_padding else x
             lead = np.broadcast_shapes(lead_x, lead_w)
-            out = None
-            for k in geo.offsets:  # one matmul per kernel offset: out += w[..., k] @ x shifted by k
-                xs = xp[(Ellipsis,) + geo.window(k)].reshape(lead_x + (n, groups, cg, p))
+            out = np.zeros(lead + (n, groups, og) + geo.out, dtype=np.result_type(x, w))
+            for k, reads in blocks:  # one matmul per kernel offset: out[windows] += w[..., k] @ x[what they read]
+                counts = tuple(count for _, count, _ in reads)
+                m = math.prod(counts)
+                xs = x[(Ellipsis,) + geo.source_index(reads)].reshape(lead_x + (n, groups, cg, m))
                 wk = w[(Ellipsis, slice(None), slice(None)) + k].reshape(lead_w + (1, groups, og, cg))
                 if product is np.matmul:  # contiguous and unbroadcast, or NumPy's matmul leaves BLAS for a slow loop
                     wk = np.ascontiguousarray(np.broadcast_to(wk, lead + (n, groups, og, cg)))
-                    xs = np.ascontiguousarray(np.broadcast_to(xs, lead + (n, groups, cg, p)))
-                term = product(wk, xs)
-                if out is None:
-                    out = term
-                else:
-                    out += term
-            return out.reshape(out.shape[:-4] + (n, o) + geo.out)
+                    xs = np.ascontiguousarray(np.broadcast_to(xs, lead + (n, groups, cg, m)))
+                term = product(wk, xs).reshape(lead + (n, groups, og) + counts)
+                out[(Ellipsis,) + geo.target_index(reads)[2:]] += term
+            return out.reshape(lead + (n, o) + geo.out)
 
         return conv
 
@@ -467,7 +496,7 @@ def _conv_expand(nd):
                 first = (o // og) * cg
                 for out_index in np.ndindex(*geo.out):
                     parts = []
-                    for k in geo.offsets:  # the kernel's order: a sum over channels per offset, then over offsets
+                    for k in geo.all_offsets():  # the kernel's order: a sum over channels per offset, then over offsets
                         pos = geo.source(out_index, k)
                         if pos is not None:
                             parts.append(el.reduce("add", [el.apply("mul", (w[(o, c) + k], x[(n, first + c) + pos]))
@@ -483,31 +512,32 @@ def _conv_cost(in_types, out_type):
     return 2 * out_type.size * math.prod(w.shape[1:])
 
 
-def _padded(ctx, x, geo, fill):
-    """x (real) in an array of the padded shape, `fill` in the padding."""
-    if not geo.has_padding:
-        return x
+def _window_view(ctx, x, geo, reads, fill=0.0):
+    """What offset k reads in every window, shaped like the output (N, C, *OS), `fill` where it
+    reads padding (x real)."""
+    view = ctx.emit("index", [x], index=geo.source_index(reads))
+    if geo.full(reads):
+        return view
     t = ctx.type(x)
-    xp = ctx.emit("scatter_index", [x], index=geo.interior(), shape=t.shape[:2] + geo.padded)
+    view = ctx.emit("scatter_index", [view], index=geo.target_index(reads), shape=t.shape[:2] + geo.out)
     if fill:
-        border = np.full(geo.padded, fill)
-        border[geo.interior()[2:]] = 0.0
-        xp = ctx.emit("add", [xp, ctx.const(border, t.dtype)])
-    return xp
+        border = np.full(geo.out, fill)
+        border[geo.target_index(reads)[2:]] = 0.0
+        view = ctx.emit("add", [view, ctx.const(border, t.dtype)])
+    return view
 
 
 def _fold(ctx, parts, geo, in_shape):
     """⊕ of each offset's contribution (shaped like the output windows) at the input elements
-    it came from (the adjoint of taking one shifted view per offset)."""
+    it read (the adjoint of reading one strided block per offset)."""
     total = None
-    padded = tuple(in_shape[:2]) + geo.padded
-    for k, part in parts:
+    for reads, part in parts:
         if part is None:
             continue
-        placed = ctx.scatter(part, geo.window(k), padded)
+        if not geo.full(reads):
+            part = ctx.emit("index", [part], index=geo.target_index(reads))
+        placed = ctx.scatter(part, geo.source_index(reads), tuple(in_shape))
         total = placed if total is None else ctx.add(total, placed)
-    if total is not None and geo.has_padding:
-        total = ctx.emit("index", [total], index=geo.interior())
     return total
 
 
@@ -521,8 +551,9 @@ def _conv_vjp(nd):
         cg, og, p, kk = c // groups, o // groups, math.prod(geo.out), geo.kernel_size
         out = {}
         if 1 in positions:  # dw[o, c, k] = ⊕ over n, i of φ(x[n, c, i·s + k·d − p]) ⊗ g[n, o, i]
-            xp = _padded(ctx, x, geo, 0.0)
-            views = ctx.emit("stack", [ctx.emit("index", [xp], index=geo.window(k)) for k in geo.offsets], axis=0)
+            nothing = ctx.emit("broadcast_to", [ctx.const(0.0, tx.dtype)], shape=(n, c) + geo.out)
+            views = ctx.emit("stack", [nothing if (reads := geo.reads(k)) is None else _window_view(ctx, x, geo, reads)
+                                       for k in geo.all_offsets()], axis=0)
             cols = ctx.emit("reshape", [views], shape=(kk, n, groups, cg, p))
             cols = ctx.emit("transpose", [cols], perm=(2, 3, 0, 1, 4))  # G, Cg, K, N, P
             cols = ctx.emit("reshape", [cols], shape=(groups, cg * kk, n * p))
@@ -539,8 +570,8 @@ def _conv_vjp(nd):
             gm = ctx.emit("reshape", [g], shape=(n, groups, og, p))
             per_offset = ctx.matmul(wm, gm)  # N, G, Cg·K, P
             per_offset = ctx.emit("reshape", [per_offset], shape=(n, c, kk) + geo.out)
-            parts = [(k, ctx.emit("index", [per_offset], index=(slice(None), slice(None), i)))
-                     for i, k in enumerate(geo.offsets)]
+            parts = [(reads, ctx.emit("index", [per_offset], index=(slice(None), slice(None), i)))
+                     for i, k in enumerate(geo.all_offsets()) if (reads := geo.reads(k)) is not None]
             out[0] = _fold(ctx, parts, geo, tx.shape)
         return out
 
@@ -578,17 +609,15 @@ def _pool_kernel(nd, kind):
     def make(attrs, in_types, out_type):
         node = _Anonymous(nd)
         geo = _pool_geometry(node, attrs, in_types[0], nd)
-        pads = [(0, 0)] * 2 + [(q, q) for q in geo.padding]
+        blocks = [geo.reads(k) for k in geo.reading_offsets()]
         fill = -np.inf if kind == "max" else 0.0
         combine = np.maximum if kind == "max" else np.add
 
         def pool(x):
-            lead = x.ndim - nd - 2
-            xp = np.pad(x, [(0, 0)] * lead + pads, constant_values=fill) if geo.has_padding else x
-            out = None
-            for k in geo.offsets:
-                view = xp[(Ellipsis,) + geo.window(k)]
-                out = view.copy() if out is None else combine(out, view)
+            out = np.full(x.shape[: x.ndim - nd] + geo.out, fill, dtype=x.dtype)
+            for reads in blocks:  # every window's element at one offset, combined in place
+                target = out[(Ellipsis,) + geo.target_index(reads)[2:]]
+                combine(target, x[(Ellipsis,) + geo.source_index(reads)[2:]], out=target)
             return out if kind == "max" else out / geo.kernel_size
 
         return pool
@@ -600,10 +629,11 @@ def _pool_expand(nd, kind):
     def expand(el, operands, attrs, in_types, out_type):
         (x,) = operands
         geo = _pool_geometry(_Anonymous(nd), attrs, in_types[0], nd)
+        offsets = geo.reading_offsets()
         values = []
         for n, c in np.ndindex(*x.shape[:2]):
             for out_index in np.ndindex(*geo.out):
-                row = [x[(n, c) + pos] for pos in (geo.source(out_index, k) for k in geo.offsets) if pos is not None]
+                row = [x[(n, c) + pos] for pos in (geo.source(out_index, k) for k in offsets) if pos is not None]
                 if kind == "max":
                     values.append(el.reduce("maximum", row, el.number(-math.inf)))
                 else:
@@ -627,17 +657,17 @@ def _pool_vjp(nd, kind):
         geo = _pool_geometry(node, ctx.attrs(node), t, nd)
         if kind == "avg":
             share = ctx.edge_const(1.0 / geo.kernel_size, g)
-            return {0: _fold(ctx, [(k, share) for k in geo.offsets], geo, t.shape)}
+            return {0: _fold(ctx, [(geo.reads(k), share) for k in geo.reading_offsets()], geo, t.shape)}
         # max: partial 1 from the first maximum of each window, 0 from the rest
-        xp = _padded(ctx, x, geo, -np.inf)
         one, zero = ctx.const(1.0, t.dtype), ctx.const(0.0, t.dtype)
         yes, no = ctx.const(True, "bool"), ctx.const(False, "bool")
         taken, parts = None, []
-        for k in geo.offsets:
-            hit = ctx.emit("eq", [ctx.emit("index", [xp], index=geo.window(k)), node.id])
+        for k in geo.reading_offsets():
+            reads = geo.reads(k)
+            hit = ctx.emit("eq", [_window_view(ctx, x, geo, reads, -np.inf), node.id])
             chosen = hit if taken is None else ctx.emit("where", [taken, no, hit])
             taken = hit if taken is None else ctx.emit("where", [hit, yes, taken])
-            parts.append((k, ctx.edge_value(ctx.emit("where", [chosen, one, zero]), g)))
+            parts.append((reads, ctx.edge_value(ctx.emit("where", [chosen, one, zero]), g)))
         return {0: _fold(ctx, parts, geo, t.shape)}
 
     return vjp
@@ -647,7 +677,7 @@ def _pool_vjp(nd, kind):
 
 
 def _pool_attrs(nd):
-    return (AttrSpec("kernel_size", "ints", required=True, doc=f"{nd} window sizes (or one for all axes)"),
+    return (AttrSpec("kernel_size", "ints", required=True, doc=f"{nd} window size(s), or one for every axis"),
             AttrSpec("stride", "ints", doc="absent: kernel_size"),
             AttrSpec("padding", "ints", default=(0,), doc="per side; at most half the kernel size"))
 
@@ -676,8 +706,11 @@ def register(registry: Registry) -> None:
               derivatives=(("x", "(δ_ij − 1/n − y_i y_j / n) / σ within the row: dense, one edge per pair"),),
               doc="(x − mean) / sqrt(var + eps) over axes, biased variance, no affine part (fused)",
               expand=_row_expand(_ln_axes_attr, _ln_row), scalar_cost=lambda i, o: 6 * o.size, analytic=True))
-    conv_attrs = (AttrSpec("stride", "ints", default=(1,)), AttrSpec("padding", "ints", default=(0,)),
-                  AttrSpec("dilation", "ints", default=(1,)), AttrSpec("groups", "int", default=1))
+    per_axis = "one entry for every spatial axis, or one per axis"
+    conv_attrs = (AttrSpec("stride", "ints", default=(1,), doc=per_axis),
+                  AttrSpec("padding", "ints", default=(0,), doc=f"zeros on both sides; {per_axis}"),
+                  AttrSpec("dilation", "ints", default=(1,), doc=per_axis),
+                  AttrSpec("groups", "int", default=1, doc="channel groups (divides C and O)"))
     for nd in (1, 2):
         layout = "N, C, L; w: O, C/groups, K" if nd == 1 else "N, C, H, W; w: O, C/groups, KH, KW"
         add(OpDef(f"conv{nd}d", "linalg", ("x", "w"), _conv_infer(nd), _conv_kernel(nd), vjp=_conv_vjp(nd),
