@@ -11,10 +11,16 @@ reference before timing."""
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+# One thread per implementation, as bench/suite.py runs them (before NumPy, numba and JAX load).
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 
 import numpy as np
 
@@ -83,15 +89,19 @@ def main(argv=None) -> None:
             for k, c in calls.items():
                 times[k].append(per_call(c, n))
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-        rows.append((name, med, len(times["client"]) * n))
+        best = {k: min(v) * 1e6 for k, v in times.items()}
+        rows.append((name, med, best, len(times["client"]) * n))
+    print("Median µs per call over alternated blocks of calls (best block in parentheses: on a loaded "
+          "machine the least disturbed figure); ratios of the medians (of the best blocks).\n")
     print("| workload | engine (µs) | in-process client (µs) | JAX jit(grad) (µs) | client ÷ engine "
           "| client ÷ JAX |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name, med, _ in rows:
-        jax_us = med.get("jax")
-        ratio = "—" if jax_us is None else f"{med['client'] / jax_us:.2f}"
-        print(f"| {name} | {med['engine']:.2f} | {med['client']:.2f} | "
-              f"{'—' if jax_us is None else f'{jax_us:.2f}'} | {med['client'] / med['engine']:.2f} | {ratio} |")
+    for name, med, best, _ in rows:
+        cell = lambda k: "—" if k not in med else f"{med[k]:.2f} ({best[k]:.2f})"  # noqa: E731
+        ratio = lambda a, b: "—" if b not in med else (  # noqa: E731
+            f"{med[a] / med[b]:.2f} ({best[a] / best[b]:.2f})")
+        print(f"| {name} | {cell('engine')} | {cell('client')} | {cell('jax')} | {ratio('client', 'engine')} "
+              f"| {ratio('client', 'jax')} |")
 
 if __name__ == "__main__":
     main()

@@ -139,6 +139,11 @@ def test_results_are_read_only_and_never_change_afterwards(in_process_client, rn
     for name, value in values.items():
         np.testing.assert_array_equal(value, first[name], err_msg=name)
     np.testing.assert_array_equal(grads["x"], np.ones(3))
+    whole = rng.normal(size=(4, 3))  # an input that is a view of the caller's array
+    again = f.evaluate({"x": whole[1], "k": 3})["x_again"]
+    before = again.copy()
+    whole[:] = 0.0
+    np.testing.assert_array_equal(again, before)
 
 
 def test_a_deadline_ends_a_long_call_with_deadline_exceeded(rng):

@@ -319,8 +319,10 @@ class RegisteredGraph:
                 and not (seeds or semiring_params or return_components or best_path or retain)):
             arrays = messages.arrays(inputs, self.input_specs)
             if arrays.keys() <= self.input_specs.keys():  # (the hot path: no messages)
-                result = transport.gradient(self.id, arrays, tuple(messages.names(wrt)),
-                                            tuple(messages.names(outputs)), return_outputs, backend)
+                result = transport.gradient(
+                    self.id, arrays, (wrt,) if isinstance(wrt, str) else tuple(wrt) if wrt else (),
+                    (outputs,) if isinstance(outputs, str) else tuple(outputs) if outputs else (), return_outputs,
+                    backend)
                 if result is not None:
                     gradients = Gradients(result[0])
                     gradients.outputs = result[1]

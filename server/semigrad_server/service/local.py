@@ -158,16 +158,26 @@ def received(arrays: Mapping[str, object], inputs: Mapping[str, np.ndarray]) -> 
     """The engine's results as a remote client receives them: arrays of the wire's dtype,
     read-only (a remote result is a view of the response's bytes), and copied when they share
     memory with an input (an output that is an input, or a view of one), so later writes to the
-    caller's arrays cannot change them."""
+    caller's arrays cannot change them. Results are fresh per request (or read-only constants of
+    the plan), so marking them read-only touches nothing the engine or the caller holds."""
     out = {}
     for name, value in arrays.items():
         if type(value) is not np.ndarray or value.dtype.byteorder == ">":
             value = np.asarray(value, dtype=codec.wire_dtype(np.asarray(value).dtype))
-        for a in inputs.values():
-            if np.may_share_memory(value, a):
-                value = value.copy()
-                break
-        view = value.view()
-        view.flags.writeable = False
-        out[name] = view
+        if _aliases(value, inputs):
+            value = value.copy()
+        value.flags.writeable = False
+        out[name] = value
     return out
+
+
+def _aliases(value: np.ndarray, inputs: Mapping[str, np.ndarray]) -> bool:
+    """Whether `value` may share memory with an input. NumPy gives a view the array owning its
+    memory as `base`, so identities decide; other owners (as_strided's) ask NumPy."""
+    owner = value if value.base is None else value.base
+    if type(owner) is not np.ndarray:
+        return any(np.may_share_memory(value, a) for a in inputs.values())
+    for a in inputs.values():
+        if owner is a or owner is a.base:
+            return True
+    return False
