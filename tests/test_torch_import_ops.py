@@ -301,3 +301,12 @@ def test_a_float32_model_is_a_float32_graph(client):
     np.testing.assert_allclose(outs["output"], module(x).detach().numpy(), rtol=1e-5, atol=1e-6)
     for name, p in module.named_parameters():
         np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_an_exported_program_imports_like_its_module():
+    module = _mlp()
+    x = _t(1, 4)
+    from_module = sg.from_torch(module, (x,))
+    from_program = sg.from_torch(torch.export.export(module, (x,)))
+    assert from_program.graph.to_proto() == from_module.graph.to_proto()
+    assert from_program.parameter_names == from_module.parameter_names
