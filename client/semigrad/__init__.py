@@ -13,6 +13,7 @@ from .errors import (
     Internal,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     SemigradError,
     Unavailable,
@@ -73,7 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttrSpec", "BestPath", "Contribution", "PreHook", "ServerHook", "Cancelled", "Client", "CrossCheckReport", "CustomOp", "DeadlineExceeded",
     "DerivativeRule", "FailedPrecondition", "Formulas", "Gradients", "Graph", "Handle", "Internal",
-    "InvalidArgument", "NotFound", "OpInfo", "PathStep", "RegisteredGraph", "ResourceExhausted", "SemigradError",
+    "InvalidArgument", "NotFound", "PermissionDenied", "OpInfo", "PathStep", "RegisteredGraph", "ResourceExhausted", "SemigradError",
     "SemiringInfo", "SymbolicGradient", "TensorSpec", "Unavailable",
     "BackwardGraph", "BackwardNode", "GraphDescription", "NodeDerivative", "NodeDescription", "render_dot",
     "abs", "add", "broadcast_to", "concat", "cos", "div", "elementwise", "eq", "erf", "exp", "expm1", "ge",
