@@ -571,3 +571,20 @@ def test_the_server_keeps_a_bounded_cache_of_open_regions_and_drops_removed_ones
     shared.close()
     for r in regions:
         r.close()
+
+
+@pytest.mark.parametrize("io_bytes", [64, 800, 1 << 30])
+def test_copies_larger_than_one_system_call_are_split(region, monkeypatch, io_bytes):
+    """Tensors of 800 bytes read and written in calls of MAX_IO_BYTES: 64 (13 calls), 800 (one),
+    the default (one)."""
+    from semigrad_server.service import shared_memory as server_shm
+
+    monkeypatch.setattr(server_shm, "MAX_IO_BYTES", io_bytes)
+    values = np.arange(100.0) - 7.5
+    shared = SharedMemory()
+    with shared.session("unix:") as session:
+        array = session.array(put(region, values, 64), "input 'x'")
+        np.testing.assert_array_equal(array, values)
+        tensor = session.writer(room(region, 4096, 4096)).place(array * 2)
+    np.testing.assert_array_equal(read(region, tensor), values * 2)
+    shared.close()
