@@ -11,8 +11,11 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -22,13 +25,44 @@ from semigrad import codec
 from semigrad.shared_memory import HEADER_BYTES, SHM_DIR, Region
 from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
-from test_serve import serving, stop, wait_for, wait_until_serving, worker_pids
+from test_serve import EXIT_TIMEOUT, free_port, wait_for, wait_until_serving, worker_pids
 
 FUZZ = bool(os.environ.get("SEMIGRAD_FUZZ"))
 CLIENTS = 8
 REQUESTS = 500 if FUZZ else 40  # per client
 TRUNCATIONS = 60 if FUZZ else 12
 LOAD_SECONDS = 900 if FUZZ else 240  # bound on the whole load; a hang fails the test instead of the run
+
+
+@contextlib.contextmanager
+def serving(log: Path, *args: str):
+    """A `semigrad serve` subprocess on a loopback port, logging to the file `log` (a pipe nobody
+    reads while thousands of requests log a line each would fill and stall the server): yields
+    (address, process)."""
+    port = free_port()
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until_serving(f"127.0.0.1:{port}", process)
+        yield f"127.0.0.1:{port}", process
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def stop(process: subprocess.Popen, log: Path) -> str:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"server still running {EXIT_TIMEOUT} s after SIGTERM")
+    text = log.read_text()
+    assert process.returncode == 0, text[-3000:]
+    return text
 
 
 def scaled_square_sum(k: float) -> sg.Graph:
@@ -121,7 +155,8 @@ def test_a_worker_killed_under_load_loses_nothing(tmp_path):
     """kill -9 of one of 2 workers while 8 clients send mixed requests: the service keeps
     answering; only requests in flight on the dead worker may fail, with UNAVAILABLE (the client
     retries those that got no response); every graph id a client was given is still served."""
-    with serving("--store", str(tmp_path / "graphs.sqlite"), "--workers", "2") as (address, process):
+    with serving(tmp_path / "server.log", "--store", str(tmp_path / "graphs.sqlite"), "--workers", "2") as (
+            address, process):
         before = two_workers(process)
         progress, lock = [0], threading.Lock()
         loads = [Load(address, i, progress, lock) for i in range(CLIENTS)]
@@ -156,7 +191,7 @@ def test_a_worker_killed_under_load_loses_nothing(tmp_path):
                     continue
                 if not np.allclose(grads, 2 * k * x, rtol=1e-12):
                     lost.append((graph_id, "wrong gradient"))
-        log = stop(process)
+        log = stop(process, tmp_path / "server.log")
     print(f"{CLIENTS} clients x {REQUESTS} requests in {elapsed:.1f} s; worker {victim} killed after "
           f"{killed_at} requests; failures {failures}; {len(acknowledged)} graphs registered")
     assert f"(pid {victim}) exited with signal SIGKILL" in log, log[-3000:]
@@ -171,7 +206,8 @@ def test_a_worker_killed_under_load_loses_nothing(tmp_path):
 def test_a_worker_dead_of_sigbus_is_replaced(tmp_path):
     """However a worker would die of SIGBUS (the server no longer maps client memory, so no request
     can cause one), the supervisor replaces it and the other worker answers meanwhile."""
-    with serving("--store", str(tmp_path / "graphs.sqlite"), "--workers", "2") as (address, process):
+    with serving(tmp_path / "server.log", "--store", str(tmp_path / "graphs.sqlite"), "--workers", "2") as (
+            address, process):
         with sg.Client(address, timeout=10) as client:
             f = client.register(scaled_square_sum(3.0))
         before = two_workers(process)
@@ -183,7 +219,7 @@ def test_a_worker_dead_of_sigbus_is_replaced(tmp_path):
                 np.testing.assert_array_equal(client.get_graph(f.id).gradient({"x": x})["x"], 6.0 * x)
         after = wait_for(lambda: p if len(p := worker_pids(process.pid)) == 2 and victim not in p else None,
                          "a replacement worker")
-        log = stop(process)
+        log = stop(process, tmp_path / "server.log")
     assert len(after & before) == 1
     assert f"(pid {victim}) exited with signal SIGBUS" in log and "replacing it" in log, log[-3000:]
 
@@ -209,7 +245,8 @@ def test_a_region_truncated_while_the_server_reads_or_writes_it_never_kills_a_wo
     or INVALID_ARGUMENT naming the region; the server (one worker: no supervisor to hide a death)
     is the same process throughout."""
     batch = 1_000_000  # items of 4 float64: 32 MB (max_batch is 1,000,000)
-    with serving("--store", str(tmp_path / "graphs.sqlite"), "--workers", "1") as (address, process):
+    with serving(tmp_path / "server.log", "--store", str(tmp_path / "graphs.sqlite"), "--workers", "1") as (
+            address, process):
         with sg.Client(address, timeout=30) as client:
             graph_id = client.register(scaled_square_sum(1.0)).id
         rng = np.random.default_rng(7)
@@ -262,7 +299,7 @@ def test_a_region_truncated_while_the_server_reads_or_writes_it_never_kills_a_wo
             response = stub.Gradient(pb.GradientRequest(graph_id=graph_id, inputs={"x": codec.to_tensor(x[:2])}))
             np.testing.assert_array_equal(codec.from_tensor(response.gradients["x"]), 2 * x[:2])
         assert process.poll() is None  # one worker: it is the server process, alive
-        log = stop(process)
+        log = stop(process, tmp_path / "server.log")
     print(f"truncations within {took * 1e3:.0f} ms of the call:", {o: outcomes.count(o) for o in set(outcomes)})
     assert "exited with" not in log, log[-3000:]
     assert len(outcomes) == TRUNCATIONS
