@@ -2,7 +2,7 @@
 8 clients send mixed requests, a worker dead of SIGBUS, and shared-memory regions truncated by
 their client while the server reads or writes them.
 
-`make test` runs the load scaled down (8 clients x 40 requests); `make fuzz` (SEMIGRAD_FUZZ=1)
+`make test` runs the load scaled down (8 clients x 40 requests, 8 truncations); `make fuzz` (SEMIGRAD_FUZZ=1)
 runs the issue's 8 clients x 500 requests and more truncations."""
 
 from __future__ import annotations
@@ -25,13 +25,30 @@ from semigrad import codec
 from semigrad.shared_memory import HEADER_BYTES, SHM_DIR, Region
 from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
-from test_serve import EXIT_TIMEOUT, free_port, wait_for, wait_until_serving, worker_pids
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from test_serve import EXIT_TIMEOUT, free_port, wait_for, worker_pids
 
 FUZZ = bool(os.environ.get("SEMIGRAD_FUZZ"))
+STARTUP_SECONDS = 120.0  # workers import NumPy, SymPy and numba: slow on a loaded machine
 CLIENTS = 8
 REQUESTS = 500 if FUZZ else 40  # per client
-TRUNCATIONS = 60 if FUZZ else 12
+TRUNCATIONS = 60 if FUZZ else 8
 LOAD_SECONDS = 900 if FUZZ else 240  # bound on the whole load; a hang fails the test instead of the run
+
+
+def wait_until_serving(address: str, process: subprocess.Popen) -> None:
+    """A health check answers SERVING (test_serve's, with a longer bound)."""
+    deadline = time.monotonic() + STARTUP_SECONDS
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            assert process.poll() is None, f"server exited with {process.returncode}"
+            with contextlib.suppress(grpc.RpcError):
+                if health.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return
+            assert time.monotonic() < deadline, f"{address} not SERVING after {STARTUP_SECONDS} s"
+            time.sleep(0.1)
 
 
 @contextlib.contextmanager
@@ -74,7 +91,8 @@ def scaled_square_sum(k: float) -> sg.Graph:
 
 
 def two_workers(process) -> set[int]:
-    return wait_for(lambda: worker_pids(process.pid) if len(worker_pids(process.pid)) == 2 else None, "2 workers")
+    return wait_for(lambda: worker_pids(process.pid) if len(worker_pids(process.pid)) == 2 else None, "2 workers",
+                    STARTUP_SECONDS)
 
 
 def connections(pid: int, port: int) -> int:
@@ -174,7 +192,7 @@ def test_a_worker_killed_under_load_loses_nothing(tmp_path):
         assert not any(t.is_alive() for t in threads), f"the load did not finish in {LOAD_SECONDS} s"
         elapsed = time.monotonic() - start
         after = wait_for(lambda: p if len(p := worker_pids(process.pid)) == 2 and victim not in p else None,
-                         "a replacement worker")
+                         "a replacement worker", STARTUP_SECONDS)
         wait_until_serving(address, process)
         failures = [f for load in loads for f in load.failures]
         wrong = [w for load in loads for w in load.wrong]
@@ -218,7 +236,7 @@ def test_a_worker_dead_of_sigbus_is_replaced(tmp_path):
             with sg.Client(address, timeout=10) as client:
                 np.testing.assert_array_equal(client.get_graph(f.id).gradient({"x": x})["x"], 6.0 * x)
         after = wait_for(lambda: p if len(p := worker_pids(process.pid)) == 2 and victim not in p else None,
-                         "a replacement worker")
+                         "a replacement worker", STARTUP_SECONDS)
         log = stop(process, tmp_path / "server.log")
     assert len(after & before) == 1
     assert f"(pid {victim}) exited with signal SIGBUS" in log and "replacing it" in log, log[-3000:]
