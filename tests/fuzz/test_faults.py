@@ -317,6 +317,8 @@ def test_a_region_truncated_while_the_server_reads_or_writes_it_never_kills_a_wo
             response = stub.Gradient(pb.GradientRequest(graph_id=graph_id, inputs={"x": codec.to_tensor(x[:2])}))
             np.testing.assert_array_equal(codec.from_tensor(response.gradients["x"]), 2 * x[:2])
         assert process.poll() is None  # one worker: it is the server process, alive
+        with open(f"/proc/{process.pid}/maps") as f:
+            assert f"{SHM_DIR}/semigrad-" not in f.read()  # it never maps a client's region
         log = stop(process, tmp_path / "server.log")
     print(f"truncations within {took * 1e3:.0f} ms of the call:", {o: outcomes.count(o) for o in set(outcomes)})
     assert "exited with" not in log, log[-3000:]

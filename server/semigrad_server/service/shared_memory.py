@@ -244,11 +244,15 @@ def _close(r: _Region) -> None:
         r.fd = -1
 
 
-def _read_into(fd: int, buffer: memoryview, offset: int) -> int:
-    """Read into `buffer` from `offset` of the file; the bytes read (fewer only at its end)."""
+def _read_into(fd: int, buffer: memoryview, offset: int, name: str, what: str) -> int:
+    """Read into `buffer` from `offset` of region `name`; the bytes read (fewer only at its end)."""
     done = 0
     while done < len(buffer):
-        n = os.preadv(fd, [buffer[done:done + MAX_IO_BYTES]], offset + done)
+        try:
+            n = os.preadv(fd, [buffer[done:done + MAX_IO_BYTES]], offset + done)
+        except OSError as e:
+            raise FailedPrecondition(f"{what}: shared memory region '{name}' cannot be read "
+                                     f"({os.strerror(e.errno) if e.errno else e})") from None
         if n == 0:
             break
         done += n
@@ -294,7 +298,7 @@ class Session:
             r, size = self._shm.pin(name, what)
             try:
                 head = bytearray(HEADER_BYTES)
-                n = _read_into(r.fd, memoryview(head), 0)
+                n = _read_into(r.fd, memoryview(head), 0, name, what)
             except BaseException:
                 self._shm.unpin(r)
                 raise
@@ -344,7 +348,7 @@ class Session:
             raise InvalidArgument(f"{what}: tensor shape {list(shape)}: {e}") from None
         self._elements += count
         if nbytes:
-            got = _read_into(r.fd, memoryview(array.reshape(-1).view(np.uint8)), start)
+            got = _read_into(r.fd, memoryview(array.reshape(-1).view(np.uint8)), start, ref.region, what)
             if got < nbytes:
                 raise InvalidArgument(f"{what}: shared memory region '{ref.region}' shrank while it was read: "
                                       f"{got} of {nbytes} bytes at offset {start} were there")
