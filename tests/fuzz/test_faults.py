@@ -169,51 +169,65 @@ class Load:
             self.wrong.append(f"{kind}: {got.shape} {expected.shape} {np.ravel(got)[:3]} {np.ravel(expected)[:3]}")
 
 
-def test_a_worker_killed_under_load_loses_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def two_worker_server(tmp_path_factory):
+    """`semigrad serve --workers 2` on a SQLite store, shared by the tests below (a start costs
+    seconds): yields (address, process, log file); stopped gracefully at the end."""
+    directory = tmp_path_factory.mktemp("faults")
+    log = directory / "server.log"
+    with serving(log, "--store", str(directory / "graphs.sqlite"), "--workers", "2") as (address, process):
+        yield address, process, log
+        stop(process, log)
+
+
+def replaced(process, victim: int) -> set[int]:
+    return wait_for(lambda: p if len(p := worker_pids(process.pid)) == 2 and victim not in p else None,
+                    "a replacement worker", STARTUP_SECONDS)
+
+
+def test_a_worker_killed_under_load_loses_nothing(two_worker_server):
     """kill -9 of one of 2 workers while 8 clients send mixed requests: the service keeps
     answering; only requests in flight on the dead worker may fail, with UNAVAILABLE (the client
     retries those that got no response); every graph id a client was given is still served."""
-    with serving(tmp_path / "server.log", "--store", str(tmp_path / "graphs.sqlite"), "--workers", "2") as (
-            address, process):
-        before = two_workers(process)
-        progress, lock = [0], threading.Lock()
-        loads = [Load(address, i, progress, lock) for i in range(CLIENTS)]
-        threads = [threading.Thread(target=load.run, daemon=True) for load in loads]
-        start = time.monotonic()
-        for t in threads:
-            t.start()
-        wait_for(lambda: progress[0] >= CLIENTS * REQUESTS // 3, "a third of the load done", LOAD_SECONDS)
-        port = int(address.rpartition(":")[2])
-        victim = max(before, key=lambda pid: (connections(pid, port), -pid))  # one serving clients now
-        os.kill(victim, signal.SIGKILL)
-        killed_at = progress[0]
-        for t in threads:
-            t.join(max(1.0, LOAD_SECONDS - (time.monotonic() - start)))
-        assert not any(t.is_alive() for t in threads), f"the load did not finish in {LOAD_SECONDS} s"
-        elapsed = time.monotonic() - start
-        after = wait_for(lambda: p if len(p := worker_pids(process.pid)) == 2 and victim not in p else None,
-                         "a replacement worker", STARTUP_SECONDS)
-        wait_until_serving(address, process)
-        failures = [f for load in loads for f in load.failures]
-        wrong = [w for load in loads for w in load.wrong]
-        acknowledged = {graph_id: k for load in loads for graph_id, k in load.acknowledged.items()}
-        # 0 lost registrations: every acknowledged id answers, with its own function, on fresh connections
-        x = np.array([[1.0, -2.0, 0.5, 3.0]])
-        lost = []
-        for graph_id, k in acknowledged.items():
-            with sg.Client(address, timeout=30) as client:
-                try:
-                    grads = client.get_graph(graph_id).gradient({"x": x})["x"]
-                except sg.SemigradError as e:
-                    lost.append((graph_id, e.code.name))
-                    continue
-                if not np.allclose(grads, 2 * k * x, rtol=1e-12):
-                    lost.append((graph_id, "wrong gradient"))
-        log = stop(process, tmp_path / "server.log")
+    address, process, log = two_worker_server
+    before = two_workers(process)
+    progress, lock = [0], threading.Lock()
+    loads = [Load(address, i, progress, lock) for i in range(CLIENTS)]
+    threads = [threading.Thread(target=load.run, daemon=True) for load in loads]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    wait_for(lambda: progress[0] >= CLIENTS * REQUESTS // 3, "a third of the load done", LOAD_SECONDS)
+    port = int(address.rpartition(":")[2])
+    victim = max(before, key=lambda pid: (connections(pid, port), -pid))  # one serving clients now
+    os.kill(victim, signal.SIGKILL)
+    killed_at = progress[0]
+    for t in threads:
+        t.join(max(1.0, LOAD_SECONDS - (time.monotonic() - start)))
+    assert not any(t.is_alive() for t in threads), f"the load did not finish in {LOAD_SECONDS} s"
+    elapsed = time.monotonic() - start
+    after = replaced(process, victim)
+    wait_until_serving(address, process)
+    failures = [f for load in loads for f in load.failures]
+    wrong = [w for load in loads for w in load.wrong]
+    acknowledged = {graph_id: k for load in loads for graph_id, k in load.acknowledged.items()}
+    # 0 lost registrations: every acknowledged id answers, with its own function, on fresh connections
+    x = np.array([[1.0, -2.0, 0.5, 3.0]])
+    lost = []
+    for graph_id, k in acknowledged.items():
+        with sg.Client(address, timeout=30) as client:
+            try:
+                grads = client.get_graph(graph_id).gradient({"x": x})["x"]
+            except sg.SemigradError as e:
+                lost.append((graph_id, e.code.name))
+                continue
+            if not np.allclose(grads, 2 * k * x, rtol=1e-12):
+                lost.append((graph_id, "wrong gradient"))
     print(f"{CLIENTS} clients x {REQUESTS} requests in {elapsed:.1f} s; worker {victim} killed after "
           f"{killed_at} requests; failures {failures}; {len(acknowledged)} graphs registered")
-    assert f"(pid {victim}) exited with signal SIGKILL" in log, log[-3000:]
-    assert f" {victim} semigrad.rpc rpc=" in log  # the killed worker was serving part of the load
+    text = log.read_text()
+    assert f"(pid {victim}) exited with signal SIGKILL" in text, text[-3000:]
+    assert f" {victim} semigrad.rpc rpc=" in text  # the killed worker was serving part of the load
     assert len(after & before) == 1
     assert not wrong, wrong
     assert len(failures) <= CLIENTS and all(code == "UNAVAILABLE" for _, _, code in failures), failures
@@ -221,25 +235,23 @@ def test_a_worker_killed_under_load_loses_nothing(tmp_path):
     assert not lost, lost
 
 
-def test_a_worker_dead_of_sigbus_is_replaced(tmp_path):
+def test_a_worker_dead_of_sigbus_is_replaced(two_worker_server):
     """However a worker would die of SIGBUS (the server no longer maps client memory, so no request
     can cause one), the supervisor replaces it and the other worker answers meanwhile."""
-    with serving(tmp_path / "server.log", "--store", str(tmp_path / "graphs.sqlite"), "--workers", "2") as (
-            address, process):
+    address, process, log = two_worker_server
+    with sg.Client(address, timeout=10) as client:
+        f = client.register(scaled_square_sum(3.0))
+    before = two_workers(process)
+    victim = max(before)
+    os.kill(victim, signal.SIGBUS)
+    x = np.arange(4.0)
+    for _ in range(10):  # fresh connections: whichever worker takes them answers
         with sg.Client(address, timeout=10) as client:
-            f = client.register(scaled_square_sum(3.0))
-        before = two_workers(process)
-        victim = max(before)
-        os.kill(victim, signal.SIGBUS)
-        x = np.arange(4.0)
-        for _ in range(10):  # fresh connections: whichever worker takes them answers
-            with sg.Client(address, timeout=10) as client:
-                np.testing.assert_array_equal(client.get_graph(f.id).gradient({"x": x})["x"], 6.0 * x)
-        after = wait_for(lambda: p if len(p := worker_pids(process.pid)) == 2 and victim not in p else None,
-                         "a replacement worker", STARTUP_SECONDS)
-        log = stop(process, tmp_path / "server.log")
+            np.testing.assert_array_equal(client.get_graph(f.id).gradient({"x": x})["x"], 6.0 * x)
+    after = replaced(process, victim)
     assert len(after & before) == 1
-    assert f"(pid {victim}) exited with signal SIGBUS" in log and "replacing it" in log, log[-3000:]
+    text = log.read_text()
+    assert f"(pid {victim}) exited with signal SIGBUS" in text and "replacing it" in text, text[-3000:]
 
 
 def pread_all(path: str, offset: int, nbytes: int) -> bytes:
