@@ -290,9 +290,9 @@ def test_a_region_truncated_while_the_server_reads_or_writes_it_never_kills_a_wo
                 path = os.path.join(SHM_DIR, region.name)
                 region.array(np.dtype("<f8"), x.shape, HEADER_BYTES)[...] = x
                 out = HEADER_BYTES + x.nbytes
+                shared = pb.SharedMemoryRef(region=region.name, offset=HEADER_BYTES, capability=region.capability)
                 request = pb.GradientRequest(
-                    graph_id=graph_id, inputs={"x": pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=x.shape, shared=pb.SharedMemoryRef(
-                        region=region.name, offset=HEADER_BYTES, capability=region.capability))},
+                    graph_id=graph_id, inputs={"x": pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=x.shape, shared=shared)},
                     output_region=pb.SharedMemoryRegion(region=region.name, offset=out, capacity=x.nbytes + 4096,
                                                         capability=region.capability))
                 answer = {}
