@@ -15,6 +15,7 @@ from .errors import (
     Internal,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     SemigradError,
     Unavailable,
@@ -89,7 +90,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttrSpec", "BestPath", "Contribution", "PreHook", "ServerHook", "Cancelled", "Client", "CrossCheckReport", "CustomOp", "DeadlineExceeded",
     "DerivativeRule", "FailedPrecondition", "Formulas", "Gradients", "Graph", "Handle", "Internal",
-    "InvalidArgument", "NotFound", "OpInfo", "PathStep", "RegisteredGraph", "ResourceExhausted", "SemigradError",
+    "InvalidArgument", "NotFound", "PermissionDenied", "OpInfo", "PathStep", "RegisteredGraph", "ResourceExhausted", "SemigradError",
     "SemiringInfo", "SymbolicGradient", "TensorSpec", "Unavailable",
     "TorchImport", "TorchImportError", "from_torch",
     "BackwardGraph", "BackwardNode", "GraphDescription", "NodeDerivative", "NodeDescription", "render_dot",

@@ -5,13 +5,14 @@ inline), and the chunks' results reassembled into arrays for the whole batch."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import codec, messages
-from .errors import SemigradError, error_for_code
+from .errors import SemigradError, Unavailable, error_for_code
 from .messages import Gradients
 from .shared_memory import Placement
 from .specs import TensorSpec
@@ -28,6 +29,10 @@ STREAM_REGIONS = 4  # shared-memory regions one GradientStream keeps in flight (
 # 1-2 MiB (larger messages slow down).
 STREAM_CHUNK_BYTES_SHARED = 64 << 20
 STREAM_CHUNK_BYTES_INLINE = 2 << 20
+# A stream that breaks with UNAVAILABLE after some answers is resumed with the unanswered chunks
+# this many times, after 0.1, 0.2, 0.4, 0.8 s (as transport.RETRY_POLICY retries calls without answers).
+RESUMES = 4
+RESUME_BACKOFF = 0.1
 
 
 class Batch:
@@ -98,13 +103,54 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
 
     transport = graph.client.transport
     shared = transport.shared_memory_off is None
+    # Through shared memory, the whole batch's results go into a pooled region too, lent like
+    # gradient's: no fresh memory to fault in on every call.
+    results = transport.placement({}, lambda: messages.gradient_result_bytes(
+        graph, messages.gradient_request(graph, batch.inputs, **options)[0], batch.inputs)) if shared else None
+    assembly = Assembly(batch.total, results.allocate if results is not None else None)
+    failures = []
+    pending = list(range(len(starts)))  # chunks without an answer yet
+    try:
+        for resumed in range(RESUMES + 1):
+            answered = set()
+            try:
+                _stream(graph, batch, starts, chunk_size, options, pending, shared, progress, assembly, failures,
+                        answered)
+                break
+            except Unavailable:
+                # The stream broke after some answers (a worker died, say): gRPC's retry policy does
+                # not replay a call that has had responses, so the chunks still unanswered go again
+                # in a new stream. Chunks are pure functions of their inputs: sending one twice is safe.
+                if not answered or resumed == RESUMES or not transport.retries:
+                    raise
+                pending = [k for k in pending if k not in answered]
+                time.sleep(RESUME_BACKOFF * 2 ** resumed)
+    finally:
+        if results is not None:
+            results.finish(transport.release)  # back to the pool now, or once the lent results are gone
+    if shared and any(transport.shared_memory_refused(error_for_code(code, text)) for _, code, text in failures):
+        return gradient_many(graph, inputs, chunk_size, progress, {**options, "seeds": seeds})
+    if failures:
+        chunk, code, text = failures[0]
+        listed = ", ".join(str(c) for c, _, _ in failures)
+        raise error_for_code(code, f"chunk {chunk} (items {starts[chunk]}..): {text} "
+                                   f"[failed chunks: {listed} of {len(starts)}]")
+    return assembly.result()
+
+
+def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunk_size: int, options: dict,
+            chunks: list[int], shared: bool, progress: bool | None, assembly: Assembly, failures: list,
+            answered: set[int]) -> None:
+    """One GradientStream call for `chunks`: answers go into `assembly` (or `failures`), and their
+    chunk numbers into `answered`."""
+    transport = graph.client.transport
     placements: dict[int, Placement] = {}  # chunk -> its region, until its response is read
     in_flight = threading.BoundedSemaphore(STREAM_REGIONS)
     done = threading.Event()
 
     def requests():
-        for k, start in enumerate(starts):
-            chunk_inputs, chunk_seeds = batch.chunk(start, chunk_size)
+        for k in chunks:
+            chunk_inputs, chunk_seeds = batch.chunk(starts[k], chunk_size)
             request, tensors = messages.gradient_request(graph, chunk_inputs, seeds=chunk_seeds, **options)
             placement = None
             if shared:
@@ -123,16 +169,10 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
             fill(request, tensors, placement)
             yield pb.GradientStreamRequest(chunk=k, request=request)
 
-    # Through shared memory, the whole batch's results go into a pooled region too, lent like
-    # gradient's: no fresh memory to fault in on every call.
-    results = transport.placement({}, lambda: messages.gradient_result_bytes(
-        graph, messages.gradient_request(graph, batch.inputs, **options)[0], batch.inputs)) if shared else None
-    assembly = Assembly(batch.total, results.allocate if results is not None else None)
-    failures = []
     try:
         responses = transport.stream("GradientStream", requests())
         if progress or (progress is None and len(starts) > 8):
-            responses = _progress(responses, len(starts))
+            responses = _progress(responses, len(chunks))
         for message in responses:
             placement = placements.pop(message.chunk, None)
             try:
@@ -141,6 +181,7 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
                 else:  # copied straight from the message or the region into the whole batch's arrays
                     assembly.add(starts[message.chunk], messages.gradients_from(
                         message.response, placement.view if placement is not None else codec.from_tensor))
+                answered.add(message.chunk)
             finally:
                 if placement is not None:
                     placement.finish(transport.release)
@@ -149,16 +190,6 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
         done.set()
         for placement in list(placements.values()):
             placement.finish(transport.release)
-        if results is not None:
-            results.finish(transport.release)  # back to the pool now, or once the lent results are gone
-    if shared and any(transport.shared_memory_refused(error_for_code(code, text)) for _, code, text in failures):
-        return gradient_many(graph, inputs, chunk_size, progress, {**options, "seeds": seeds})
-    if failures:
-        chunk, code, text = failures[0]
-        listed = ", ".join(str(c) for c, _, _ in failures)
-        raise error_for_code(code, f"chunk {chunk} (items {starts[chunk]}..): {text} "
-                                   f"[failed chunks: {listed} of {len(starts)}]")
-    return assembly.result()
 
 
 class Assembly:

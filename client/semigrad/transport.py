@@ -68,6 +68,8 @@ class Transport:
             "grpc.service_config": SERVICE_CONFIG,
             **dict(options or ()),
         }
+        # gradient_many resumes a broken stream as gRPC retries a call, unless retries are off
+        self.retries = bool(channel_options.get("grpc.enable_retries", 1))
         channel_options = list(channel_options.items())
         if credentials is None:
             self.channel = grpc.insecure_channel(target, channel_options)

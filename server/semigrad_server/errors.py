@@ -19,6 +19,12 @@ class FailedPrecondition(SemigradError):
     status = "FAILED_PRECONDITION"
 
 
+class PermissionDenied(SemigradError):
+    """The requester did not prove it may use what it named (a shared-memory region's capability)."""
+
+    status = "PERMISSION_DENIED"
+
+
 class ResourceExhausted(SemigradError):
     status = "RESOURCE_EXHAUSTED"
 

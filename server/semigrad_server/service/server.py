@@ -50,8 +50,8 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="semigrad"),
                          options=options)
     # The generated add_GraphServiceServicer_to_server, with request decoding that never raises (status.py).
-    status.add_service(GraphServicer(engine, SharedMemory(enabled=shared_memory)), server,
-                       SERVICE, pb)
+    shared = SharedMemory(enabled=shared_memory, max_elements=limits.max_request_elements)
+    status.add_service(GraphServicer(engine, shared), server, SERVICE, pb)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
