@@ -92,6 +92,11 @@ class Client:
         return RegisteredGraph(self, response.graph_id, response.graph, response.types,
                                created=False, custom_ops=response.custom_ops)
 
+    def delete_graph(self, graph_id: str) -> bool:
+        """Forget this caller's registration of ``graph_id`` (other tenants' registrations of the
+        same graph stay); True when there was one. Deleting twice is not an error."""
+        return self.transport.call("DeleteGraph", pb.DeleteGraphRequest(graph_id=graph_id)).deleted
+
     def list_ops(self) -> list[OpInfo]:
         """Describe every op the server supports."""
         response = self.transport.call("ListOps", pb.ListOpsRequest())
@@ -152,6 +157,10 @@ class RegisteredGraph:
                              if o.node in self.types}
         # The graph's custom ops as the server describes them (expression, derivative formulas).
         self.custom_ops = {op.name: OpInfo.from_proto(op) for op in custom_ops}
+
+    def delete(self) -> bool:
+        """Forget this registration on the server (see :meth:`Client.delete_graph`)."""
+        return self.client.delete_graph(self.id)
 
     def crosscheck(self, inputs: Mapping[str, object], wrt: str | Iterable[str] | None = None,
                    outputs: str | Iterable[str] | None = None, *, methods: Iterable[str] | None = None,

@@ -42,8 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server processes sharing the port (default: one per core, "
                             f"{os.cpu_count() or 1} here; 1 with --store memory)")
     serve.add_argument("--store", default=default_store(),
-                       help="the embedded graph store (a SQLite file shared by the workers), or 'memory' "
-                            f"to keep graphs in memory only (default {default_store()}; env SEMIGRAD_STORE)")
+                       help="where registered graphs live: a SQLite file shared by the workers of this host, "
+                            "redis://HOST:PORT/DB for a Redis server shared by replicas (run it with appendonly "
+                            "yes, appendfsync always: docs/deploying.md), or 'memory' to keep graphs in this "
+                            f"process only (default {default_store()}; env SEMIGRAD_STORE)")
     serve.add_argument("--no-shared-memory", dest="shared_memory", action="store_false",
                        help="refuse tensors in shared memory (by default clients on this host, running as "
                             "this user, may pass tensors through /dev/shm; see docs/performance.md)")

@@ -16,7 +16,7 @@ from semigrad.v1 import semigrad_pb2 as pb
 
 from ..engine import Engine
 from ..limits import Limits
-from ..store import SqliteStore
+from ..store import open_store
 from . import status
 from .servicer import GraphServicer
 from .shared_memory import SharedMemory
@@ -68,7 +68,8 @@ def serve(host: str, port: int, *, limits: Limits | None = None, threads: int = 
           store: str | None = None, workers: int = 1, shared_memory: bool = True) -> None:
     """Serve until SIGINT or SIGTERM, then stop gracefully (in-flight calls get `grace` seconds).
 
-    `store`: path of the embedded SQLite graph store, or None to keep graphs in memory only.
+    `store`: path of the embedded SQLite graph store, a redis://host:port/db URL (a store shared by
+    replicas), or None to keep graphs in memory only.
     `workers` > 1 runs that many processes on the same port, so CPU-bound requests use every
     core; they need the shared store to see each other's graphs. `shared_memory`: accept
     tensors in shared memory from clients on this host."""
@@ -86,7 +87,7 @@ def serve(host: str, port: int, *, limits: Limits | None = None, threads: int = 
 
 def _serve_one(host, port, *, limits, threads, grace, store, reuse_port, shared_memory=True) -> None:
     limits = limits or Limits()
-    engine = Engine(limits, persistent=SqliteStore(store, limits.max_stored_graphs) if store else None)
+    engine = Engine(limits, store=open_store(store))
     server, bound, _ = build_server(f"{host}:{port}", limits=limits, threads=threads, engine=engine,
                                     reuse_port=reuse_port, shared_memory=shared_memory)
     server.start()
