@@ -4,6 +4,7 @@ transport.py's job, gradient_many's chunks streaming.py's, hooks run here hook_s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from .hooks import attachments
 from .messages import Gradients
 from .reports import CrossCheckReport, SymbolicGradient
 from .specs import OpInfo, SemiringInfo, TensorSpec
-from .transport import DEFAULT_MAX_MESSAGE_BYTES, SHARED_MEMORY_THRESHOLD, Transport, fill
+from .transport import DEFAULT_MAX_MESSAGE_BYTES, SHARED_MEMORY_THRESHOLD, Transport, fill, tls_credentials
 from .v1 import semigrad_pb2 as pb
 from .viz import render_dot
 
@@ -41,11 +42,18 @@ class _OnTransport:
 class Client:
     """A connection to a semigrad server.
 
-    ``target`` is "host:port". ``timeout`` is the deadline of every call in seconds (None: no
+    ``target`` is "host:port", or a gRPC name such as "dns:///semigrad.example:50051", which is
+    balanced call by call over every address it resolves to (round_robin; see
+    docs/deploying.md). ``timeout`` is the deadline of every call in seconds (None: no
     deadline). ``max_message_bytes`` limits sent and received messages; ``options`` are extra
     gRPC channel options as (key, value) pairs and override the defaults; ``credentials``
     (grpc.ChannelCredentials) make a secure channel. Use as a context manager, or call close().
     Failed calls raise :class:`semigrad.SemigradError` subclasses.
+
+    ``token``: the bearer token sent with every call (metadata ``authorization: Bearer ...``) to
+    a server with authentication; default ``$SEMIGRAD_TOKEN``. ``tls=True`` makes a TLS channel
+    trusting ``root_certificates`` (PEM bytes or a file path; None: the system's roots); give
+    ``private_key`` and ``certificate_chain`` too for mutual TLS (any of them implies TLS).
 
     ``shared_memory``: pass the tensors of evaluate, gradient and gradient_many calls through
     POSIX shared memory (/dev/shm) instead of the message, for a server on this host running as
@@ -74,10 +82,19 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         shared_memory: bool | str = "auto",
         shared_memory_threshold: int = SHARED_MEMORY_THRESHOLD,
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | str | None = None,
+        private_key: bytes | str | None = None,
+        certificate_chain: bytes | str | None = None,
     ):
+        if credentials is None and (tls or root_certificates is not None or private_key is not None
+                                    or certificate_chain is not None):
+            credentials = tls_credentials(root_certificates, private_key, certificate_chain)
         self.transport = Transport(target, timeout=timeout, options=options, max_message_bytes=max_message_bytes,
                                    credentials=credentials, shared_memory=shared_memory,
-                                   shared_memory_threshold=shared_memory_threshold)
+                                   shared_memory_threshold=shared_memory_threshold,
+                                   token=token if token is not None else os.environ.get("SEMIGRAD_TOKEN") or None)
 
     def register(self, graph: Graph | pb.Graph) -> RegisteredGraph:
         """Register ``graph`` (a Graph or a semigrad.v1.Graph); equal graphs get equal ids."""
@@ -309,7 +326,7 @@ class RegisteredGraph:
         return (gradients, gradients.outputs) if return_outputs else gradients
 
     def gradient_many(self, inputs: Mapping[str, object], chunk_size: int | None = None, *,
-                      progress: bool | None = None, **options) -> Gradients:
+                      progress: bool | None = None, streams: int = 1, **options) -> Gradients:
         """:meth:`gradient` for a large batch, streamed in chunks of ``chunk_size`` items along the
         first batch axis (one GradientStream call): the server works on one chunk while the next
         is on the wire, and no message grows with the batch. ``chunk_size=None`` (default) makes
@@ -319,6 +336,9 @@ class RegisteredGraph:
         ``best_path`` and ``hooks``) and returns the reassembled :class:`Gradients`.
         ``progress``: show a tqdm progress bar (default: when tqdm is installed and there are
         more than 8 chunks). A failing chunk does not stop the others; afterwards the first
-        failure is raised, naming every failed chunk.
+        failure is raised, naming every failed chunk. ``streams``: carry the chunks over this many
+        GradientStream calls at once (chunk k on call k mod streams; with ``chunk_size=None`` at
+        least one chunk per call), so a load balancer or the client's round-robin over replicas
+        spreads one job over several replicas (docs/deploying.md); progress is shown for one stream only.
         """
-        return streaming.gradient_many(self, inputs, chunk_size, progress, options)
+        return streaming.gradient_many(self, inputs, chunk_size, progress, options, streams)

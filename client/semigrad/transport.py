@@ -32,8 +32,37 @@ Tensors = Mapping[str, Mapping[str, np.ndarray]]  # {request field: {name: array
 # to change it, or ("grpc.enable_retries", 0) to turn it off (docs/conventions.md).
 RETRY_POLICY = {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
                 "retryableStatusCodes": ["UNAVAILABLE"]}
-SERVICE_CONFIG = json.dumps({"methodConfig": [{"name": [{"service": "semigrad.v1.GraphService"}],
-                                               "retryPolicy": RETRY_POLICY}]})
+METHOD_CONFIG = [{"name": [{"service": "semigrad.v1.GraphService"}], "retryPolicy": RETRY_POLICY}]
+SERVICE_CONFIG = json.dumps({"methodConfig": METHOD_CONFIG})
+# A target that may name several servers (dns:///name resolving to every replica, ipv4:a,b) is
+# balanced call by call over all of them (round_robin), rather than pinned to the first (gRPC's
+# default, pick_first); a failed replica leaves the rotation and its calls are retried on others.
+BALANCED_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": METHOD_CONFIG})
+BALANCED_SCHEMES = ("dns:", "ipv4:", "ipv6:")
+AUTHORIZATION = "authorization"
+
+
+def service_config(target: str) -> str:
+    """The default gRPC service config of a channel to `target`: the retry policy, and
+    round_robin for targets that may resolve to several servers."""
+    return BALANCED_SERVICE_CONFIG if target.strip().startswith(BALANCED_SCHEMES) else SERVICE_CONFIG
+
+
+def _pem(value: bytes | str | None) -> bytes | None:
+    """PEM bytes, or the contents of the file a str names."""
+    if value is None or isinstance(value, bytes):
+        return value
+    with open(value, "rb") as f:
+        return f.read()
+
+
+def tls_credentials(root_certificates: bytes | str | None = None, private_key: bytes | str | None = None,
+                    certificate_chain: bytes | str | None = None) -> grpc.ChannelCredentials:
+    """Channel credentials for TLS: the CA to trust (None: the system's roots), and for mutual
+    TLS the client's key and certificate chain (PEM bytes, or paths of PEM files)."""
+    if (private_key is None) != (certificate_chain is None):
+        raise ValueError("mutual TLS needs both a private key and a certificate chain")
+    return grpc.ssl_channel_credentials(_pem(root_certificates), _pem(private_key), _pem(certificate_chain))
 
 
 class Transport:
@@ -42,7 +71,7 @@ class Transport:
 
     def __init__(self, target: str, *, timeout: float | None, options: Iterable[tuple[str, object]] | None,
                  max_message_bytes: int, credentials: grpc.ChannelCredentials | None, shared_memory: bool | str,
-                 shared_memory_threshold: int):
+                 shared_memory_threshold: int, token: str | None = None):
         if shared_memory not in ("auto", True, False):
             raise ValueError(f"shared_memory must be 'auto', True or False, not {shared_memory!r}")
         if shared_memory is True and not shared_memory_available():
@@ -65,7 +94,7 @@ class Transport:
         channel_options = {
             "grpc.max_send_message_length": max_message_bytes,
             "grpc.max_receive_message_length": max_message_bytes,
-            "grpc.service_config": SERVICE_CONFIG,
+            "grpc.service_config": service_config(target),
             **dict(options or ()),
         }
         channel_options = list(channel_options.items())
@@ -75,18 +104,20 @@ class Transport:
             self.channel = grpc.secure_channel(target, credentials, channel_options)
         self.stub = pb_grpc.GraphServiceStub(self.channel)
         self.timeout = timeout
+        # Sent with every call: the bearer token that says which tenant calls (see Client).
+        self.metadata = ((AUTHORIZATION, f"Bearer {token}"),) if token else None
 
     def call(self, method: str, request):
         """The response of unary `method`, errors as SemigradError."""
         try:
-            return getattr(self.stub, method)(request, timeout=self.timeout)
+            return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
 
     def stream(self, method: str, requests):
         """Responses of a streaming call, errors of the call itself as SemigradError."""
         try:
-            yield from getattr(self.stub, method)(requests, timeout=self.timeout)
+            yield from getattr(self.stub, method)(requests, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
 

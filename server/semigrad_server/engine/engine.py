@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .. import ir
+from .. import ir, telemetry
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, quoted
 from ..hooks import run as hooks_run
 from ..hooks.loader import HookRegistry
@@ -78,7 +78,8 @@ class Engine:
                 return cg
         else:
             data = self.graphs.get(tenant, graph_id)
-            if data is not None:
+            if data is not None:  # registered through another worker or replica, or evicted from this cache
+                telemetry.event("graph_compile")
                 return self.compiled.put_if_absent(graph_id, compile_graph(ir.deserialize(data), self.limits))
         raise NotFound(f"unknown graph id {quoted(graph_id)} (register the graph first)")
 

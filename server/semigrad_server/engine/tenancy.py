@@ -17,6 +17,11 @@ def current() -> str:
     return _TENANT.get()
 
 
+def enter(tenant: str) -> None:
+    """Make `tenant` current for the rest of this context (the service runs each call in a context of its own)."""
+    _TENANT.set(tenant)
+
+
 @contextlib.contextmanager
 def acting_as(tenant: str):
     token = _TENANT.set(tenant)
