@@ -23,7 +23,7 @@ SHELL := /bin/bash
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := test
 
-.PHONY: venv serve test fuzz proto bench clean distclean
+.PHONY: venv serve test fuzz loadtest proto bench clean distclean
 
 # Programs from Debian's packages, installed where possible, never failing the build (without one,
 # the tests that need it are skipped): Graphviz's dot renders pictures (RegisteredGraph.render,
@@ -62,6 +62,11 @@ test: venv
 # them bounded, with a fixed seed).
 fuzz: venv
 	SEMIGRAD_FUZZ=1 $(VENV_PY) -m pytest -q tests/fuzz $(PYTEST_ARGS)
+
+# Three replicas on one Redis behind HAProxy (tests/test_replicas.py) with the acceptance load of
+# issue 16: 8 clients x 1,000 mixed calls per phase (make test runs 8 x 24).
+loadtest: venv
+	SEMIGRAD_REPLICA_CALLS=1000 $(VENV_PY) -m pytest -q tests/test_replicas.py $(PYTEST_ARGS)
 
 proto: venv
 	$(VENV_PY) -m grpc_tools.protoc -I proto --python_out=client --grpc_python_out=client --pyi_out=client $(PROTOS)

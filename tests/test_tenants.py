@@ -195,3 +195,36 @@ def test_concurrent_requests_quota():
     finally:
         release.set()
         server.stop(0)
+
+
+def test_token_length_bounds():
+    from semigrad_server.errors import Unauthenticated
+    from semigrad_server.service.auth import MAX_TOKEN_CHARS, MIN_TOKEN_CHARS
+
+    table = Tokens()
+    with pytest.raises(ValueError, match="16-4096"):
+        table.add("t", "x" * (MIN_TOKEN_CHARS - 1), "test")
+    table.add("t", "y" * MIN_TOKEN_CHARS, "test")
+    table.add("t", "z" * MAX_TOKEN_CHARS, "test")
+    with pytest.raises(ValueError, match="16-4096"):
+        table.add("t", "w" * (MAX_TOKEN_CHARS + 1), "test")
+    assert table.tenant_of([("authorization", "Bearer " + "y" * MIN_TOKEN_CHARS)]) == "t"
+    assert table.tenant_of([("authorization", "Bearer " + "z" * MAX_TOKEN_CHARS)]) == "t"
+    with pytest.raises(Unauthenticated, match="invalid token"):
+        table.tenant_of([("authorization", "Bearer " + "z" * (MAX_TOKEN_CHARS + 1))])
+    with pytest.raises(Unauthenticated, match="more than one"):
+        table.tenant_of([("authorization", "Bearer " + "y" * 16), ("authorization", "Bearer " + "y" * 16)])
+
+
+def test_request_ids(address):
+    """A client's own x-request-id (1-64 of [A-Za-z0-9._:-]) comes back; anything else is replaced
+    by a fresh 32-hex-digit id."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.GraphServiceStub(channel)
+        auth = ("authorization", f"Bearer {TOKEN_A}")
+        for given, kept in [("job-17.chunk:3", True), ("a" * 64, True), ("a" * 65, False), ("bad id", False)]:
+            _, call = stub.ListOps.with_call(pb.ListOpsRequest(), metadata=(auth, ("x-request-id", given)), timeout=10)
+            returned = dict(call.initial_metadata())["x-request-id"]
+            assert (returned == given) == kept, (given, returned)
+            if not kept:
+                assert len(returned) == 32 and int(returned, 16) >= 0

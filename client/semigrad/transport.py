@@ -5,7 +5,9 @@ region of the client's shared-memory pool (see shared_memory.py and docs/perform
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 
@@ -40,6 +42,23 @@ SERVICE_CONFIG = json.dumps({"methodConfig": METHOD_CONFIG})
 BALANCED_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": METHOD_CONFIG})
 BALANCED_SCHEMES = ("dns:", "ipv4:", "ipv6:")
 AUTHORIZATION = "authorization"
+
+# gRPC's retry policy stops once an answer has begun. Behind an L7 load balancer a replica killed
+# while answering leaves the client a stream that began and then broke: no status from any
+# server, only gRPC's own transport messages with UNKNOWN or INTERNAL. Every semigrad call is
+# idempotent, so such a unary call is made again (twice more at most, after 0.1 s and 0.2 s).
+# Statuses a server sends are never retried here: the server's INTERNAL carries its own message.
+BROKEN_STREAM = re.compile(r"^(Stream removed|Received RST_STREAM|Socket closed|Connection reset|"
+                           r"Received http2 header with status: 50[234])")
+BROKEN_STREAM_ATTEMPTS = 3
+BROKEN_STREAM_BACKOFF = 0.1
+
+
+def broken_stream(error: grpc.RpcError) -> bool:
+    """Whether a failed call's stream broke in transit (see BROKEN_STREAM)."""
+    code = error.code() if hasattr(error, "code") else None
+    details = (error.details() if hasattr(error, "details") else "") or ""
+    return code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL) and BROKEN_STREAM.match(details) is not None
 
 
 def service_config(target: str) -> str:
@@ -108,11 +127,15 @@ class Transport:
         self.metadata = ((AUTHORIZATION, f"Bearer {token}"),) if token else None
 
     def call(self, method: str, request):
-        """The response of unary `method`, errors as SemigradError."""
-        try:
-            return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self.metadata)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from error
+        """The response of unary `method`, errors as SemigradError. A call whose stream broke after
+        the answer began (see BROKEN_STREAM) is made again, up to BROKEN_STREAM_ATTEMPTS in all."""
+        for attempt in range(1, BROKEN_STREAM_ATTEMPTS + 1):
+            try:
+                return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self.metadata)
+            except grpc.RpcError as error:
+                if attempt == BROKEN_STREAM_ATTEMPTS or not broken_stream(error):
+                    raise from_rpc_error(error) from error
+            time.sleep(BROKEN_STREAM_BACKOFF * attempt)
 
     def stream(self, method: str, requests):
         """Responses of a streaming call, errors of the call itself as SemigradError."""
