@@ -30,6 +30,7 @@ from redis_server import free_port, running_redis  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 INPUTS = 8
+HIDDEN = 16  # --hidden: the server's work per point grows with it, the bytes moved do not
 
 
 def graph() -> sg.Graph:
@@ -37,8 +38,8 @@ def graph() -> sg.Graph:
     rng = np.random.default_rng(0)
     g = sg.Graph()
     x = g.input("x", (INPUTS,))
-    w = g.const(rng.normal(size=(16, INPUTS)) / 3, name="W")
-    b = g.const(rng.normal(size=16), name="b")
+    w = g.const(rng.normal(size=(HIDDEN, INPUTS)) / 3, name="W")
+    b = g.const(rng.normal(size=HIDDEN), name="b")
     t = sg.tanh(sg.matmul(w, x) + b)
     g.output("y", sg.sum(t * t))
     return g
@@ -46,8 +47,8 @@ def graph() -> sg.Graph:
 
 def reference(x: np.ndarray) -> np.ndarray:
     rng = np.random.default_rng(0)
-    w = rng.normal(size=(16, INPUTS)) / 3
-    b = rng.normal(size=16)
+    w = rng.normal(size=(HIDDEN, INPUTS)) / 3
+    b = rng.normal(size=HIDDEN)
     t = np.tanh(x @ w.T + b)
     return (2 * t * (1 - t * t)) @ w
 
@@ -81,11 +82,14 @@ def replicas(count: int, store: str, workdir: Path):
 
 
 def main() -> int:
+    global HIDDEN
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--streams-per-replica", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help=f"width of the hidden layer (default {HIDDEN})")
     args = parser.parse_args()
+    HIDDEN = args.hidden
     x = np.random.default_rng(1).normal(size=(args.points, INPUTS))
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"semigrad-bench-replicas-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -119,8 +123,8 @@ def main() -> int:
               f"{sum(best[3]) * 1e6 / args.points:.2f} ({' + '.join(f'{c:.2f}' for c in best[3])}) | {best[4]:.2f} |")
     one = min(r[2] for r in rows if r[1] == 1)
     two = min(r[2] for r in rows if r[1] == 2)
-    print(f"\nspeed-up 1 -> 2 replicas: {one / two:.2f}x; {os.cpu_count()} CPUs; load average {load[0]:.1f} "
-          f"{load[1]:.1f} {load[2]:.1f}")
+    print(f"\nspeed-up 1 -> 2 replicas: {one / two:.2f}x; hidden {HIDDEN}; {os.cpu_count()} CPUs; load average "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     return 0
 
 
