@@ -58,6 +58,7 @@ def test_metrics_count_calls_by_rpc_status_and_tenant():
         assert value("semigrad_requests_total", {"rpc": "GetGraph", "code": "NOT_FOUND"}) == 1
         assert value("semigrad_requests_total", {"rpc": "ListOps", "code": "UNAUTHENTICATED"}) == 1
         assert value("semigrad_tenant_requests_total", {"tenant": "m", "code": "OK"}) == 6
+        assert value("semigrad_tenant_requests_total", {"tenant": "unauthenticated", "code": "UNAUTHENTICATED"}) == 1
         assert value("semigrad_request_seconds_count", {"rpc": "Gradient"}) == 5
         assert value("semigrad_requests_in_flight", {"rpc": "Gradient"}) == 0
         assert value("semigrad_tenant_stored_graphs", {"tenant": "m"}) == 1

@@ -44,7 +44,7 @@ class CallInterceptor(grpc.ServerInterceptor):
             tenant = self.tokens.tenant_of(metadata)
         except Unauthenticated as e:
             if self.metrics is not None:
-                self.metrics.call_done(rpc, "", "UNAUTHENTICATED", 0.0)
+                self.metrics.call_done(rpc, None, "UNAUTHENTICATED", 0.0)
             return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, str(e))
         given = next((v for k, v in metadata if k == REQUEST_ID_HEADER), "")
         request_id = given if isinstance(given, str) and CLIENT_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
@@ -65,18 +65,25 @@ class CallInterceptor(grpc.ServerInterceptor):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"{_who(tenant)} has {refused} calls in flight on this server process; the quota is "
                           f"{self.max_tenant_requests} (max_tenant_requests)")
-        scope = contextvars.copy_context()
-        scope.run(_set, tenant, request_id)
-        context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+        try:
+            scope = contextvars.copy_context()
+            scope.run(_set, tenant, request_id)
+            context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+        except BaseException:  # the call never started: it holds no place in the quota
+            self._release(tenant)
+            raise
         if self.metrics is not None:
             self.metrics.call_started(rpc, tenant)
         return _Call(rpc, tenant, scope, context, time.perf_counter())
 
-    def _leave(self, call: _Call) -> None:
+    def _release(self, tenant: str) -> None:
         with self._lock:
-            self._in_flight[call.tenant] -= 1
-            if not self._in_flight[call.tenant]:
-                del self._in_flight[call.tenant]
+            self._in_flight[tenant] -= 1
+            if not self._in_flight[tenant]:
+                del self._in_flight[tenant]
+
+    def _leave(self, call: _Call) -> None:
+        self._release(call.tenant)
         if self.metrics is not None:
             code = call.context.code() if hasattr(call.context, "code") else None
             self.metrics.call_finished(call.rpc, call.tenant, _code_name(code, call.failed),

@@ -22,11 +22,12 @@ log = logging.getLogger("semigrad.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-ANONYMOUS_LABEL = "anonymous"
+ANONYMOUS_LABEL = "anonymous"  # the tenant of a server without authentication
+UNAUTHENTICATED_LABEL = "unauthenticated"  # callers without a valid token
 
 
-def _tenant_label(tenant: str) -> str:
-    return tenant or ANONYMOUS_LABEL
+def _tenant_label(tenant: str | None) -> str:
+    return UNAUTHENTICATED_LABEL if tenant is None else tenant or ANONYMOUS_LABEL
 
 
 class Metrics:
@@ -75,8 +76,8 @@ class Metrics:
         self.tenant_in_flight.labels(_tenant_label(tenant)).dec()
         self.call_done(rpc, tenant, code, seconds)
 
-    def call_done(self, rpc: str, tenant: str, code: str, seconds: float) -> None:
-        """A call that ended (also one refused before it started)."""
+    def call_done(self, rpc: str, tenant: str | None, code: str, seconds: float) -> None:
+        """A call that ended (also one refused before it started; tenant None: unauthenticated)."""
         self.requests.labels(rpc, code).inc()
         self.tenant_requests.labels(_tenant_label(tenant), code).inc()
         self.latency.labels(rpc).observe(seconds)
