@@ -224,7 +224,7 @@ def test_request_ids(address):
         auth = ("authorization", f"Bearer {TOKEN_A}")
         for given, kept in [("job-17.chunk:3", True), ("a" * 64, True), ("a" * 65, False), ("bad id", False)]:
             _, call = stub.ListOps.with_call(pb.ListOpsRequest(), metadata=(auth, ("x-request-id", given)), timeout=10)
-            returned = dict(call.initial_metadata())["x-request-id"]
+            returned = dict(call.trailing_metadata())["x-request-id"]
             assert (returned == given) == kept, (given, returned)
             if not kept:
                 assert len(returned) == 32 and int(returned, 16) >= 0

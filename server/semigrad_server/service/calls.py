@@ -5,10 +5,11 @@ call's metrics. Health checks pass untouched (a load balancer probes without a t
 from __future__ import annotations
 
 import contextvars
+import itertools
 import re
+import secrets
 import threading
 import time
-import uuid
 from collections import Counter
 
 import grpc
@@ -47,18 +48,19 @@ class CallInterceptor(grpc.ServerInterceptor):
                 self.metrics.call_done(rpc, None, "UNAUTHENTICATED", 0.0)
             return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, str(e))
         given = next((v for k, v in metadata if k == REQUEST_ID_HEADER), "")
-        request_id = given if isinstance(given, str) and CLIENT_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        request_id = given if isinstance(given, str) and CLIENT_REQUEST_ID.fullmatch(given) else _new_request_id()
         return _wrapped(handler, lambda context: self._enter(rpc, tenant, request_id, context),
                         lambda call: self._leave(call))
 
     def _enter(self, rpc: str, tenant: str, request_id: str, context) -> _Call:
         """Admit a call (or abort it with RESOURCE_EXHAUSTED): its context, with tenant and request id set."""
-        with self._lock:
-            if self.max_tenant_requests and self._in_flight[tenant] >= self.max_tenant_requests:
-                refused = self._in_flight[tenant]
-            else:
-                refused = None
-                self._in_flight[tenant] += 1
+        refused = None
+        if self.max_tenant_requests:
+            with self._lock:
+                if self._in_flight[tenant] >= self.max_tenant_requests:
+                    refused = self._in_flight[tenant]
+                else:
+                    self._in_flight[tenant] += 1
         if refused is not None:
             if self.metrics is not None:
                 self.metrics.call_done(rpc, tenant, "RESOURCE_EXHAUSTED", 0.0)
@@ -68,7 +70,7 @@ class CallInterceptor(grpc.ServerInterceptor):
         try:
             scope = contextvars.copy_context()
             scope.run(_set, tenant, request_id)
-            context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         except BaseException:  # the call never started: it holds no place in the quota
             self._release(tenant)
             raise
@@ -77,6 +79,8 @@ class CallInterceptor(grpc.ServerInterceptor):
         return _Call(rpc, tenant, scope, context, time.perf_counter())
 
     def _release(self, tenant: str) -> None:
+        if not self.max_tenant_requests:
+            return
         with self._lock:
             self._in_flight[tenant] -= 1
             if not self._in_flight[tenant]:
@@ -88,6 +92,15 @@ class CallInterceptor(grpc.ServerInterceptor):
             code = call.context.code() if hasattr(call.context, "code") else None
             self.metrics.call_finished(call.rpc, call.tenant, _code_name(code, call.failed),
                                        time.perf_counter() - call.started)
+
+
+# Request ids: 16 random hex digits per process, then a counter (unique without a random draw per call).
+_ID_PREFIX = secrets.token_hex(8)
+_ID_COUNTER = itertools.count(1)
+
+
+def _new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 def _set(tenant: str, request_id: str) -> None:
