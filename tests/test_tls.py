@@ -99,3 +99,54 @@ def test_tls_options_must_make_sense(pki, tmp_path):
         tls_files(str(tmp_path / "missing.crt"), pki["server"][1], None)
     with pytest.raises(ValueError, match="both a private key and a certificate chain"):
         sg.Client("localhost:1", private_key=pki["client"][1])
+
+
+def test_semigrad_serve_with_mutual_tls_and_tokens(pki, tmp_path):
+    """The command line's --tls-cert/--tls-key/--tls-client-ca and --tokens reach the server."""
+    import subprocess
+    import sys
+    import time
+
+    from test_serve import free_port, stop
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"t {TOKEN}\n")
+    port = free_port()
+    cert, key = pki["server"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semigrad_server", "serve", "--port", str(port), "--workers", "1", "--store", "memory",
+         "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", pki["ca"], "--tokens", str(tokens)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client_cert, client_key = pki["client"]
+        options = dict(root_certificates=pki["ca"], certificate_chain=client_cert, private_key=client_key, timeout=10)
+        deadline = time.monotonic() + 60
+        with sg.Client(f"localhost:{port}", token=TOKEN, **options) as client:
+            while True:
+                assert process.poll() is None, process.communicate()
+                try:
+                    client.list_ops()
+                    break
+                except sg.SemigradError:
+                    assert time.monotonic() < deadline, "not serving within 60 s"
+                    time.sleep(0.2)
+            works(client)
+        with sg.Client(f"localhost:{port}", token="", **options) as client:
+            with pytest.raises(sg.SemigradError) as info:
+                client.list_ops()
+            assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        log = stop(process)
+    assert "auth: 1 tenants; tls: mutual" in log
+
+
+@pytest.mark.parametrize("args, message", [(["--tokens", "{tokens}"], "expected 'TENANT TOKEN'"),
+                                           (["--tls-cert", "{cert}"], "both --tls-cert and --tls-key")])
+def test_semigrad_serve_refuses_bad_security_options(pki, tmp_path, args, message):
+    from test_serve import free_port, run_cli
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("only-one-field\n")
+    args = [a.format(tokens=tokens, cert=pki["server"][0]) for a in args]
+    result = run_cli("serve", "--port", str(free_port()), "--store", "memory", "--workers", "1", *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
