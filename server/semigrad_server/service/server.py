@@ -24,8 +24,8 @@ from .auth import Tokens
 from .calls import CallInterceptor
 from .metrics import Metrics, metrics_exposed, process_dead
 from .servicer import GraphServicer
-from .tls import TlsFiles
 from .shared_memory import SharedMemory
+from .tls import TlsFiles
 
 log = logging.getLogger("semigrad.server")
 SIGNAL_POLL_SECONDS = 0.2
