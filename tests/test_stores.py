@@ -197,3 +197,16 @@ def test_two_servers_on_one_redis_serve_each_others_graphs(redis_url):
     finally:
         for server, _, _ in servers:
             server.stop(0)
+
+
+def test_a_memory_store_keeps_as_many_graphs_per_tenant_as_the_compiled_cache():
+    from semigrad_server.engine import Engine
+    from semigrad_server.ir import Graph, InputSpec
+    from semigrad_server.limits import Limits
+
+    engine = Engine(Limits(max_graphs=3))
+    ids = []
+    for n in range(1, 5):  # four distinct graphs: inputs of different shapes
+        graph = Graph(inputs=(InputSpec("x", (n,)),), nodes=(), outputs=(("y", "x"),))
+        ids.append(engine.register(graph)[0].id)
+    assert [engine.graphs.contains("", i) for i in ids] == [False, True, True, True]

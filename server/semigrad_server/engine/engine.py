@@ -57,8 +57,10 @@ class Engine:
         # Compiled graphs by content hash, shared by the tenants that registered the same graph.
         self.compiled: LruCache[CompiledGraph] = LruCache(self.limits.max_graphs)
         self.graphs: GraphStore = store if store is not None else MemoryGraphStore()
-        self.quota = Quota(capacity=self.limits.max_stored_graphs, graphs=self.limits.max_tenant_graphs,
-                           bytes=self.limits.max_tenant_bytes)
+        # A store in this process's memory keeps as many graphs per tenant as the compiled cache.
+        capacity = self.limits.max_stored_graphs if self.graphs.name != "memory" else \
+            min(self.limits.max_stored_graphs, self.limits.max_graphs)
+        self.quota = Quota(capacity=capacity, graphs=self.limits.max_tenant_graphs, bytes=self.limits.max_tenant_bytes)
 
     # ------------------------------------------------------------ registration
     def register(self, graph: Graph) -> tuple[CompiledGraph, bool]:
