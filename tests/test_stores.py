@@ -210,3 +210,17 @@ def test_a_memory_store_keeps_as_many_graphs_per_tenant_as_the_compiled_cache():
         graph = Graph(inputs=(InputSpec("x", (n,)),), nodes=(), outputs=(("y", "x"),))
         ids.append(engine.register(graph)[0].id)
     assert [engine.graphs.contains("", i) for i in ids] == [False, True, True, True]
+
+
+def test_a_full_redis_is_resource_exhausted(tmp_path):
+    """Redis at its maxmemory refuses writes (noeviction): RESOURCE_EXHAUSTED naming the store; reads go on."""
+    import redis
+
+    with running_redis(tmp_path / "r") as server:
+        store = open_store(server.url)
+        store.put("a", "small", b"x", UNBOUNDED)
+        redis.Redis.from_url(server.url).config_set("maxmemory", 1)  # below what Redis already uses
+        with pytest.raises(ResourceExhausted, match="graph store .* is full"):
+            store.put("a", "big", b"y" * 100_000, UNBOUNDED)
+        assert store.get("a", "small") == b"x" and not store.contains("a", "big")
+        store.close()

@@ -5,8 +5,10 @@ graph, a sorted set of ids by registration order (eviction takes the oldest), an
 Registration, with its quota check and eviction, is one Lua script: atomic however many replicas
 write at once. A registration is acknowledged once Redis answered, so it is only as durable as
 Redis's own persistence: run Redis with `appendonly yes` and `appendfsync always` (every write
-fsync'd before Redis answers; `everysec` may lose the last second on a crash of the host), see
-docs/deploying.md. The server warns at start when the Redis it is given does not append.
+fsync'd before Redis answers; `everysec` may lose the last second on a crash of the host) and
+`maxmemory-policy noeviction` (a full Redis refuses writes: RESOURCE_EXHAUSTED; an evicting policy
+would drop graphs silently), see docs/deploying.md. The server warns at start when the Redis it
+is given is set otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 
 import redis
 
-from ..errors import Unavailable
+from ..errors import ResourceExhausted, Unavailable
 from .base import Quota, StoreUsage, refuse
 
 log = logging.getLogger("semigrad.store")
@@ -70,8 +72,13 @@ class RedisGraphStore:
         try:
             appendonly = self._redis.config_get("appendonly").get("appendonly")
             fsync = self._redis.config_get("appendfsync").get("appendfsync")
+            policy = self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
         except redis.RedisError:  # CONFIG disabled (managed Redis) or unreachable yet: nothing to say
             return
+        if policy != "noeviction":
+            log.warning("Redis at %s evicts keys when full (maxmemory-policy %s): registered graphs could vanish; "
+                        "use noeviction (a full store then refuses registrations; see docs/deploying.md)",
+                        self._where(), policy)
         if appendonly != "yes":
             log.warning("Redis at %s runs without appendonly: acknowledged registrations may be lost on a restart "
                         "(see docs/deploying.md)", self._where())
@@ -95,6 +102,8 @@ class RedisGraphStore:
             raise Unavailable(f"the graph store (Redis at {self._where()}) is unreachable: {e}") from None
         except redis.TimeoutError as e:
             raise Unavailable(f"the graph store (Redis at {self._where()}) timed out: {e}") from None
+        except redis.exceptions.OutOfMemoryError as e:  # Redis at its maxmemory (with a noeviction policy)
+            raise ResourceExhausted(f"the graph store (Redis at {self._where()}) is full: {e}") from None
 
     def put(self, tenant: str, key: str, data: bytes, quota: Quota) -> bool:
         result = self._call(self._put, keys=self._keys(tenant), args=[key, data, quota.capacity, quota.graphs,
