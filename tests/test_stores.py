@@ -224,3 +224,23 @@ def test_a_full_redis_is_resource_exhausted(tmp_path):
             store.put("a", "big", b"y" * 100_000, UNBOUNDED)
         assert store.get("a", "small") == b"x" and not store.contains("a", "big")
         store.close()
+
+
+def test_the_server_warns_about_a_redis_that_may_lose_graphs(tmp_path, caplog):
+    import logging
+
+    import redis
+
+    with running_redis(tmp_path / "r") as server:
+        admin = redis.Redis.from_url(server.url)
+        with caplog.at_level(logging.WARNING, logger="semigrad.store"):
+            open_store(server.url).close()
+        assert not caplog.records  # appendonly yes, appendfsync always, noeviction: nothing to say
+        for setting, value, said in [("appendfsync", "everysec", "fsyncs its log everysec"),
+                                     ("appendonly", "no", "without appendonly"),
+                                     ("maxmemory-policy", "allkeys-lru", "evicts keys")]:
+            admin.config_set(setting, value)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="semigrad.store"):
+                open_store(server.url).close()
+            assert any(said in r.getMessage() for r in caplog.records), (setting, caplog.records)
