@@ -5,7 +5,6 @@ request names a graph. The anonymous tenant "" is the one of a server without au
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 
 ANONYMOUS = ""
@@ -21,11 +20,3 @@ def enter(tenant: str) -> None:
     """Make `tenant` current for the rest of this context (the service runs each call in a context of its own)."""
     _TENANT.set(tenant)
 
-
-@contextlib.contextmanager
-def acting_as(tenant: str):
-    token = _TENANT.set(tenant)
-    try:
-        yield
-    finally:
-        _TENANT.reset(token)
