@@ -74,6 +74,23 @@ def server_states(stats: Path) -> dict[str, int]:
     return {row[3]: int(row[5]) for row in rows if len(row) > 5}
 
 
+def backend_stats(stats: Path) -> dict[str, str]:
+    """HAProxy's counters of the semigrad backend (`show stat`: wretr retries, wredis redispatches...)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(stats))
+        s.sendall(b"show stat\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    lines = data.decode().splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))
+        if row.get("pxname") == "semigrad" and row.get("svname") == "BACKEND":
+            return row
+    return {}
+
+
 def wait_for(condition, seconds: float, what: str):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -248,8 +265,13 @@ def test_kill_9_of_a_replica_mid_load_loses_nothing(cluster):
         wait_for(lambda: load.done >= CLIENTS * CALLS // 3, 300, "a third of the calls done")
         cluster.kill(victim)
 
+    before = backend_stats(cluster.stats)
     load = Load(cluster.address, CALLS, phase=2)
     load.run(during=kill_mid_load)
+    after = backend_stats(cluster.stats)
+    print(f"HAProxy during the kill: {int(after['wretr']) - int(before['wretr'])} retries, "
+          f"{int(after['wredis']) - int(before['wredis'])} redispatches, "
+          f"{int(after['eresp']) - int(before['eresp'])} response errors")
     assert not load.errors, load.errors[:5]
     assert sum(load.sent.values()) == CLIENTS * CALLS
     wait_for(lambda: server_states(cluster.stats)[f"r{victim}"] == 0, 10, "HAProxy marks the killed replica down")
