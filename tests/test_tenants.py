@@ -228,3 +228,12 @@ def test_request_ids(address):
             assert (returned == given) == kept, (given, returned)
             if not kept:
                 assert len(returned) == 32 and int(returned, 16) >= 0
+
+
+def test_tenant_name_bounds():
+    table = Tokens()
+    table.add("t" * 64, "k" * 20, "test")
+    assert table.tenant_of([("authorization", "Bearer " + "k" * 20)]) == "t" * 64
+    for name in ("t" * 65, "", "-leading", "a b"):
+        with pytest.raises(ValueError, match="tenant name"):
+            table.add(name, "m" * 20, "test")
