@@ -51,3 +51,15 @@ def test_streams_must_be_positive(client):
     g.output("y", sg.sum(g.input("x", (2,))))
     with pytest.raises(ValueError, match="streams"):
         client.register(g).gradient_many({"x": np.zeros((4, 2))}, streams=0)
+
+
+def test_a_dns_target_is_served(server_address):
+    """dns:///localhost:PORT (round_robin over what the name resolves to; an address the server
+    does not listen on, such as ::1 here, is skipped)."""
+    port = server_address.rsplit(":", 1)[1]
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    g.output("y", sg.sum(x * x))
+    with sg.Client(f"dns:///localhost:{port}", timeout=20, shared_memory=False) as client:
+        for _ in range(4):
+            np.testing.assert_array_equal(client.register(g).gradient({"x": [1.0, 2.0, 3.0]})["x"], [2.0, 4.0, 6.0])
