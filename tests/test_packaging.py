@@ -111,6 +111,8 @@ def test_dockerfile():
     assert cmd[:2] == ["semigrad", "serve"]
     assert _serve_port(cmd) == CLI_DEFAULT_PORT
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0"), "the image must run as a non-root user"
 
 
 def test_compose_port_matches_serve_command():

@@ -1,6 +1,7 @@
 """gradient_many: a large batch cut into chunks along its first batch axis, streamed through one
-GradientStream call (a few chunks in flight, each in a shared-memory region of its own or
-inline), and the chunks' results reassembled into arrays for the whole batch."""
+GradientStream call, or several at once (`streams`: calls a load balancer may spread over
+replicas), a few chunks in flight per call, each in a shared-memory region of its own or inline;
+the chunks' results reassembled into arrays for the whole batch."""
 
 from __future__ import annotations
 
@@ -85,17 +86,21 @@ def default_chunk_size(batch: Batch, options: Mapping[str, object], target_bytes
 
 
 def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_size: int | None,
-                  progress: bool | None, options: dict) -> Gradients:
+                  progress: bool | None, options: dict, streams: int = 1) -> Gradients:
     """RegisteredGraph.gradient_many (which documents it)."""
     for option in ("best_path", "hooks"):
         if options.get(option):
             raise TypeError(f"gradient_many does not take {option}=: use gradient")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")
+    if streams < 1:
+        raise ValueError("streams must be at least 1")
     seeds = options.pop("seeds", None) or {}
     batch = Batch(graph, inputs, seeds)
     if chunk_size is None:
         chunk_size = default_chunk_size(batch, options)
+        if streams > 1 and batch.total:  # at least one chunk per stream
+            chunk_size = min(chunk_size, -(-batch.total // streams))
     starts = list(range(0, batch.total, chunk_size))
     if len(starts) <= 1:  # also an empty batch
         gradients = graph.gradient(batch.inputs, seeds=seeds or None, **options)
@@ -108,15 +113,21 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
     results = transport.placement({}, lambda: messages.gradient_result_bytes(
         graph, messages.gradient_request(graph, batch.inputs, **options)[0], batch.inputs)) if shared else None
     assembly = Assembly(batch.total, results.allocate if results is not None else None)
-    failures = []
-    pending = list(range(len(starts)))  # chunks without an answer yet
-    try:
+    failures: list[tuple[int, int, str]] = []
+    streams = min(streams, len(starts))
+    # Stream s carries chunks s, s + streams, ...: each stream is a call of its own, which a load
+    # balancer (or the client's round-robin over replicas) may send to another replica.
+    groups = [list(range(s, len(starts), streams)) for s in range(streams)]
+    show = progress or (progress is None and len(starts) > 8)
+
+    def run_resuming(group: list[int], show_progress: bool) -> None:
+        pending = group  # chunks without an answer yet
         for resumed in range(RESUMES + 1):
-            answered = set()
+            answered: set[int] = set()
             try:
-                _stream(graph, batch, starts, chunk_size, options, pending, shared, progress, assembly, failures,
-                        answered)
-                break
+                _stream(graph, batch, starts, pending, chunk_size, options, shared, assembly, failures,
+                        show_progress, answered)
+                return
             except Unavailable:
                 # The stream broke after some answers (a worker died, say): gRPC's retry policy does
                 # not replay a call that has had responses, so the chunks still unanswered go again
@@ -125,12 +136,34 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
                     raise
                 pending = [k for k in pending if k not in answered]
                 time.sleep(RESUME_BACKOFF * 2 ** resumed)
+
+    try:
+        if streams == 1:
+            run_resuming(groups[0], show)
+        else:
+            errors: list[BaseException] = []
+
+            def run(group):
+                try:
+                    run_resuming(group, False)
+                except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=run, args=(group,), name="semigrad-stream", daemon=True)
+                       for group in groups]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
     finally:
         if results is not None:
             results.finish(transport.release)  # back to the pool now, or once the lent results are gone
     if shared and any(transport.shared_memory_refused(error_for_code(code, text)) for _, code, text in failures):
-        return gradient_many(graph, inputs, chunk_size, progress, {**options, "seeds": seeds})
+        return gradient_many(graph, inputs, chunk_size, progress, {**options, "seeds": seeds}, streams)
     if failures:
+        failures.sort()
         chunk, code, text = failures[0]
         listed = ", ".join(str(c) for c, _, _ in failures)
         raise error_for_code(code, f"chunk {chunk} (items {starts[chunk]}..): {text} "
@@ -138,11 +171,12 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
     return assembly.result()
 
 
-def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunk_size: int, options: dict,
-            chunks: list[int], shared: bool, progress: bool | None, assembly: Assembly, failures: list,
+def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: list[int], chunk_size: int,
+            options: dict, shared: bool, assembly: Assembly, failures: list, show_progress: bool,
             answered: set[int]) -> None:
-    """One GradientStream call for `chunks`: answers go into `assembly` (or `failures`), and their
-    chunk numbers into `answered`."""
+    """One GradientStream call carrying `chunks` (indices into `starts`); their results go into
+    `assembly`, their failures (chunk, code, message) into `failures`, and their chunk numbers into
+    `answered`."""
     transport = graph.client.transport
     placements: dict[int, Placement] = {}  # chunk -> its region, until its response is read
     in_flight = threading.BoundedSemaphore(STREAM_REGIONS)
@@ -171,7 +205,7 @@ def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunk_size:
 
     try:
         responses = transport.stream("GradientStream", requests())
-        if progress or (progress is None and len(starts) > 8):
+        if show_progress:
             responses = _progress(responses, len(chunks))
         for message in responses:
             placement = placements.pop(message.chunk, None)
@@ -200,16 +234,18 @@ class Assembly:
         self.total = total
         self.allocate = allocate  # (shape, dtype) -> array or None, e.g. in a shared-memory region
         self.arrays: dict[tuple[str, ...], np.ndarray] = {}
+        self._lock = threading.Lock()  # streams in threads of their own add chunks at once
 
     def add(self, start: int, part: Gradients) -> None:
         for key, value in _flat(part).items():
-            whole = self.arrays.get(key)
-            if whole is None:
-                shape = (self.total, *value.shape[1:])
-                whole = self.allocate(shape, value.dtype) if self.allocate is not None else None
+            with self._lock:
+                whole = self.arrays.get(key)
                 if whole is None:
-                    whole = np.empty(shape, dtype=value.dtype)
-                self.arrays[key] = whole
+                    shape = (self.total, *value.shape[1:])
+                    whole = self.allocate(shape, value.dtype) if self.allocate is not None else None
+                    if whole is None:
+                        whole = np.empty(shape, dtype=value.dtype)
+                    self.arrays[key] = whole
             if value.shape[1:] != whole.shape[1:] or start + len(value) > self.total:
                 raise SemigradError(f"chunk at item {start}: {'/'.join(key)} has shape {value.shape}, "
                                     f"which does not fit the batch's {whole.shape}")

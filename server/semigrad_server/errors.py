@@ -37,6 +37,16 @@ class Cancelled(SemigradError):
     status = "CANCELLED"
 
 
+class Unavailable(SemigradError):
+    """A service the server depends on (the shared graph store) cannot be reached; clients retry."""
+
+    status = "UNAVAILABLE"
+
+
+class Unauthenticated(SemigradError):
+    status = "UNAUTHENTICATED"
+
+
 class GraphError(InvalidArgument):
     """A graph is malformed; the message names the node at fault."""
 

@@ -487,6 +487,18 @@ class GetGraphResponse(_message.Message):
     custom_ops: _containers.RepeatedCompositeFieldContainer[OpInfo]
     def __init__(self, graph_id: _Optional[str] = ..., graph: _Optional[_Union[Graph, _Mapping]] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[OpInfo, _Mapping]]] = ...) -> None: ...
 
+class DeleteGraphRequest(_message.Message):
+    __slots__ = ("graph_id",)
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    def __init__(self, graph_id: _Optional[str] = ...) -> None: ...
+
+class DeleteGraphResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
 class ListOpsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -59,6 +59,11 @@ class LocalContext:
         self.callbacks.append(callback)
         return True
 
+    def peer(self) -> str:
+        """Not a network peer: the servicer takes no shared-memory references from it (the
+        in-process client hands arrays over directly)."""
+        return "in-process"
+
     def abort(self, code: grpc.StatusCode, details: str):
         raise Aborted(code, details)
 

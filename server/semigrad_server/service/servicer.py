@@ -77,6 +77,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                                    custom_ops=[convert.op_info(op) for op in custom_ops(cg.registry)])
 
     @rpc
+    def DeleteGraph(self, request, context):
+        return pb.DeleteGraphResponse(deleted=self.engine.delete(request.graph_id))
+
+    @rpc
     def Evaluate(self, request, context):
         with self.shared_memory.session(context.peer()) as shared:
             spec = convert.evaluate_spec(request, shared)
