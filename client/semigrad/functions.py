@@ -213,8 +213,7 @@ def min(x, axis=None, keepdims: bool = False, *, name: str | None = None):
 def cumsum(x, axis: int, *, name: str | None = None):
     """Running sum along ``axis`` (``numpy.cumsum``, ``torch.cumsum``)."""
     (x,) = _handles([x])
-    infer = partial(shapes.reduce, x.shape, (int(axis),), True)  # checks the axis
-    return _node("cumsum", [x], {"axis": int(axis)}, lambda: infer() and x.shape, x.dtype, name)
+    return _node("cumsum", [x], {"axis": int(axis)}, partial(shapes.cumsum, x.shape, int(axis)), x.dtype, name)
 
 
 def _arg(op: str, x, axis, keepdims: bool, name):

@@ -232,3 +232,10 @@ def einsum(subscripts: str, shapes: Sequence[Shape | None]) -> Shape | None:
     if set(out) - set(sizes) or len(set(out)) != len(out):
         raise ValueError(f"output {out!r} must use distinct letters of the inputs")
     return tuple(sizes[c] for c in out)
+
+
+def cumsum(shape: Shape | None, axis: int) -> Shape | None:
+    """Result shape of a running sum along ``axis``: the operand's."""
+    if shape is not None:
+        _axis(axis, len(shape))
+    return shape

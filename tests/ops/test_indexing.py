@@ -94,6 +94,11 @@ def test_client_side_shapes_and_index_checks():
         sg.gather(x, i, axis=3)
     with pytest.raises(ValueError, match="scatter_add"):
         sg.scatter_add(x, i, 3, axis=0)
+    assert sg.cumsum(x, -1).shape == (5, 3, 2) and sg.argmax(x, 1).shape == (5, 2)
+    assert sg.argmin(x).shape == () and sg.argmax(x, keepdims=True).shape == (1, 1, 1)
+    assert sg.einsum("ijk,kl->li", x, g.input("w", (2, 4))).shape == (4, 5)
+    with pytest.raises(ValueError, match="cumsum"):
+        sg.cumsum(x, 3)
 
 
 def test_both_operands_batched_broadcast_like_vmap(client, rng):

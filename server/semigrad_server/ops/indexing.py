@@ -94,6 +94,9 @@ def _gather_kernel(attrs, in_types, out_type):
         lead_x, lead_i = _lead(x, r), _lead(idx, q)
         if not lead_i:
             return np.take(x, idx, axis=len(lead_x) + a)
+        if not lead_x:  # an unbatched table (embeddings): one take, the indices' batch axes moved first
+            out = np.take(x, idx, axis=a)
+            return np.moveaxis(out, tuple(range(a, a + len(lead_i))), tuple(range(len(lead_i)))) if a else out
         lead = tuple(np.broadcast_shapes(lead_x, lead_i))
         xv = np.broadcast_to(x, lead + x_t.shape)  # a view: an unbatched table is never copied
         iv = np.broadcast_to(idx, lead + i_t.shape).reshape(lead + (1,) * a + (m,) + (1,) * (r - a - 1))
