@@ -361,3 +361,36 @@ def test_padding_is_never_materialised(client, rng):
     dx[0, 0, :2, :2] = point["w"][0, 0]
     np.testing.assert_allclose(grads["x"], dx, rtol=1e-15)
     np.testing.assert_allclose(grads["w"], point["x"][:, :, :2, :2], rtol=1e-15)
+
+
+def test_kernel_offsets_are_capped():
+    """MAX_WINDOW_OFFSETS: a conv or pool visiting 4,096 kernel offsets runs, 4,097 is
+    RESOURCE_EXHAUSTED naming the node and the limit, at registration."""
+    from semigrad_server.ops.nn import MAX_WINDOW_OFFSETS
+    from semigrad_server.limits import Limits
+    from semigrad_server.service import build_server
+
+    assert MAX_WINDOW_OFFSETS == 4096
+    server, port, _ = build_server("127.0.0.1:0", limits=Limits())
+    server.start()
+    try:
+        with sg.Client(f"127.0.0.1:{port}") as c:
+            for size, ok in ((4096, True), (4097, False)):
+                conv = sg.Graph()
+                conv.output("y", sg.conv1d(conv.input("x", (1, 1, size)), conv.input("w", (1, 1, size)), name="c"))
+                pool = sg.Graph()
+                pool.output("y", sg.max_pool1d(pool.input("x", (1, 1, size)), size, name="p"))
+                for g, node in ((conv, "c"), (pool, "p")):
+                    if ok:
+                        f = c.register(g)
+                        x = np.linspace(-1, 1, size).reshape(1, 1, size)
+                        inputs = {"x": x, "w": np.ones((1, 1, size))} if node == "c" else {"x": x}
+                        want = np.sum(x) if node == "c" else 1.0
+                        np.testing.assert_allclose(f.evaluate(inputs)["y"].reshape(()), want, atol=1e-9)
+                    else:
+                        with pytest.raises(sg.SemigradError) as excinfo:
+                            c.register(g)
+                        assert excinfo.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        assert f"'{node}'" in excinfo.value.message and "4096" in excinfo.value.message
+    finally:
+        server.stop(0).wait()

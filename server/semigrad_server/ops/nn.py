@@ -29,9 +29,14 @@ import math
 
 import numpy as np
 
-from ..errors import GraphError
+from ..errors import GraphError, ResourceExhausted
 from ..ir import Type
 from .base import AttrSpec, OpDef, Registry, element_array, normalize_axis, reduce_elements
+
+
+# Kernel offsets one conv or pool may visit: each is one vectorised step of the kernel and a few
+# nodes of the backward graph (docs/limits.md). 64×64 windows; global pooling is `mean`.
+MAX_WINDOW_OFFSETS = 4096
 
 
 def _float_operands(node, in_types) -> str:
@@ -362,16 +367,21 @@ class Geometry:
     def all_offsets(self) -> list:
         return list(np.ndindex(*self.kernel))
 
+    def candidate_count(self) -> int:
+        """How many offsets `reading_offsets` tries (an upper bound of how many it returns)."""
+        return math.prod(max(0, last - first + 1) for first, last in self._candidates())
+
+    def _candidates(self):
+        for a in range(self.nd):
+            d, p, s = self.dilation[a], self.padding[a], self.stride[a]
+            yield max(0, -(-(p - (self.out[a] - 1) * s) // d)), min(self.kernel[a] - 1, (p + self.spatial[a] - 1) // d)
+
     def reading_offsets(self) -> list:
         """The offsets that read at least one input element, in row-major order; per axis
         only the candidates k·d in [p − (OS−1)·s, p + S − 1] are tried (for pools, whose
         padding is at most half the kernel, at most 2·S of them), never the whole kernel."""
-        axes = []
-        for a in range(self.nd):
-            d, p, s = self.dilation[a], self.padding[a], self.stride[a]
-            first = max(0, -(-(p - (self.out[a] - 1) * s) // d))
-            last = min(self.kernel[a] - 1, (p + self.spatial[a] - 1) // d)
-            axes.append([k for k in range(first, last + 1) if self._axis_reads(a, k) is not None])
+        axes = [[k for k in range(first, last + 1) if self._axis_reads(a, k) is not None]
+                for a, (first, last) in enumerate(self._candidates())]
         return list(itertools.product(*axes))
 
     def full(self, reads) -> bool:
@@ -391,6 +401,12 @@ class Geometry:
         pos = tuple(i * st + ki * d - p for i, ki, st, d, p in
                     zip(out_index, k, self.stride, self.dilation, self.padding))
         return pos if all(0 <= q < s for q, s in zip(pos, self.spatial)) else None
+
+
+def _check_offsets(node, count: int) -> None:
+    if count > MAX_WINDOW_OFFSETS:
+        raise ResourceExhausted(f"node '{node.id}': {node.op} would visit {count} kernel offsets; the limit is "
+                                f"{MAX_WINDOW_OFFSETS} (a 64×64 window)")
 
 
 def _ints_attr(node, attrs, name, nd, default, minimum):
@@ -429,6 +445,7 @@ def _conv_geometry(node, attrs, in_types, nd) -> Geometry:
     if any(k < 1 for k in geo.kernel) or any(o < 1 for o in geo.out):
         raise GraphError(node.id, f"kernel {list(geo.kernel)} (dilation {list(geo.dilation)}) does not fit the "
                                   f"padded input {list(geo.padded)}")
+    _check_offsets(node, geo.kernel_size)
     return geo
 
 
@@ -593,6 +610,7 @@ def _pool_geometry(node, attrs, t, nd) -> Geometry:
     geo = Geometry(t.shape[2:], kernel, stride, padding, (1,) * nd)
     if any(o < 1 for o in geo.out):
         raise GraphError(node.id, f"kernel {list(kernel)} does not fit the padded input {list(geo.padded)}")
+    _check_offsets(node, geo.candidate_count())
     return geo
 
 
