@@ -15,7 +15,10 @@ class Limits:
     max_request_bytes: int = 512 * 1024 * 1024  # memory one request may hold at once (estimated from shapes)
     max_memory_bytes: int = 2 * 1024 * 1024 * 1024  # memory the requests in flight on one worker hold together
     max_graphs: int = 1024  # compiled graphs kept in memory per process (least recently used ones go first)
-    max_stored_graphs: int = 100_000  # graphs kept in the persistent store (oldest ones go first)
+    max_stored_graphs: int = 100_000  # graphs kept in the store per tenant (the tenant's oldest ones go first)
+    max_tenant_graphs: int = 0  # quota: graphs one tenant may store (0: none; past it RegisterGraph is refused)
+    max_tenant_bytes: int = 0  # quota: bytes of serialised graphs one tenant may store (0: none)
+    max_tenant_requests: int = 0  # quota: calls of one tenant in flight at once, per worker process (0: none)
     max_plans_per_graph: int = 64  # compiled plans cached per graph
     max_request_seconds: float = 600.0  # the deadline of a request without one, and a bound on every request's
     max_streams: int = 4  # streaming calls served at once per worker (each has a thread of its own)

@@ -6,6 +6,7 @@ deadline, the waiting hook raises, the plan unwinds, and the thread ends."""
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import queue
 import threading
@@ -109,6 +110,8 @@ def run_with_client_hooks(request_iterator, context, bound: deadline.Bound, star
             channel.end()
 
     context.add_callback(channel.close)
+    # The backward pass runs as the caller (its tenant, its request id, its time bound): in a copy
+    # of this context.
     threading.Thread(target=deadline.context_of(bound).run, args=(work,), name="semigrad-hook-run",
                      daemon=True).start()
     threading.Thread(target=pump, name="semigrad-hook-replies", daemon=True).start()
