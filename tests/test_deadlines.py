@@ -341,12 +341,13 @@ def idle_stream(channel, release: threading.Event):
 
 def test_idle_streams_cannot_starve_health_checks_or_requests(address, stub):
     """8 idle GradientStream calls took every request thread of a worker, and 3-5 of 10 health
-    checks from new connections timed out. Now streams past max_streams (or past
+    checks from new connections timed out. Now streams run on threads of their own, streams past max_streams (or past
     max_streams_per_connection on one connection) are RESOURCE_EXHAUSTED at once, and health
     checks and unary calls always find a thread."""
     limits = Limits()
     release = threading.Event()
-    channels = [grpc.insecure_channel(address, options=OWN_CONNECTION) for _ in range(8)]
+    opened = limits.max_streams + 4
+    channels = [grpc.insecure_channel(address, options=OWN_CONNECTION) for _ in range(opened)]
     calls = [idle_stream(channel, release) for channel in channels]
     try:
         refused = []
@@ -361,7 +362,7 @@ def test_idle_streams_cannot_starve_health_checks_or_requests(address, stub):
         for reader in readers:
             reader.start()
         time.sleep(1.0)  # every stream has reached the server
-        assert len(refused) == 8 - limits.max_streams
+        assert len(refused) == opened - limits.max_streams
         assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_streams" in e.details() for e in refused)
         for _ in range(10):
             with grpc.insecure_channel(address, options=OWN_CONNECTION) as fresh:

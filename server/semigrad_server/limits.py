@@ -21,8 +21,8 @@ class Limits:
     max_tenant_requests: int = 0  # quota: calls of one tenant in flight at once, per worker process (0: none)
     max_plans_per_graph: int = 64  # compiled plans cached per graph
     max_request_seconds: float = 600.0  # the deadline of a request without one, and a bound on every request's
-    max_streams: int = 4  # streaming calls served at once per worker (each has a thread of its own)
-    max_streams_per_connection: int = 2  # of them from one client connection
+    max_streams: int = 16  # streaming calls served at once per worker (each has a thread of its own)
+    max_streams_per_connection: int = 8  # of them from one client connection (channels of a process may share one)
     max_message_bytes: int = 512 * 1024 * 1024  # gRPC send and receive message size
 
     @classmethod
