@@ -12,8 +12,8 @@ class Limits:
     max_batch: int = 1_000_000  # batch items in one request
     max_request_elements: int = 400_000_000  # batch items × elements of all values a request computes
     max_request_operations: int = 100_000_000_000  # scalar operations of one request (a matmul's products counted)
-    max_request_bytes: int = 512 * 1024 * 1024  # memory one request may hold at once (estimated from shapes)
-    max_memory_bytes: int = 2 * 1024 * 1024 * 1024  # memory the requests in flight on one worker hold together
+    max_request_bytes: int = 2 * 1024 * 1024 * 1024  # memory one request may hold at once (estimated from shapes)
+    max_memory_bytes: int = 4 * 1024 * 1024 * 1024  # memory the requests in flight on one worker hold together
     max_graphs: int = 1024  # compiled graphs kept in memory per process (least recently used ones go first)
     max_stored_graphs: int = 100_000  # graphs kept in the store per tenant (the tenant's oldest ones go first)
     max_tenant_graphs: int = 0  # quota: graphs one tenant may store (0: none; past it RegisterGraph is refused)
