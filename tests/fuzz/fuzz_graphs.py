@@ -1,0 +1,582 @@
+"""Random graphs for the differential fuzzer (test_engine_differential.py), and an independent
+NumPy reference for them.
+
+* `Vocabulary`: the ops to draw, from the server's own op list (`Client.list_ops()`) and the op
+  test table (`tests/test_op_gradients.py: CASES`). An elementwise op is drawn as soon as it has a
+  single-op row in the table: the row's NumPy function is the reference, the row's samplers give
+  its domain (an operand the row samples with anything but `normal`, such as log's positives or
+  max's well-separated values, is a fresh input or const drawn by that sampler, never an
+  intermediate value). Ops that take attributes (reductions, structural ops, matmul, where,
+  comparisons) have builders below that draw their attributes; `Vocabulary.unfuzzed` lists any
+  op of the server that neither covers, so a new op without a row fails the suite.
+* `cases(vocabulary)`: a hypothesis strategy of `FuzzCase`s: a graph, input values with batch
+  axes on a random subset of the inputs (weights included, broadcast axes of size 1 included),
+  optional output seeds, and sizes drawn from `DIMS` and `BATCHES`, whose values sit on both
+  sides of the engine's thresholds (see `THRESHOLDS`).
+* `FuzzCase.forward(item)`: a NumPy interpreter of one batch item (plain NumPy per op, written
+  here, sharing nothing with the server's kernels), and `FuzzCase.check_gradient`: the gradient
+  of Σ seed·outputs against central differences of that interpreter along random directions,
+  item by item.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import semigrad as sg
+from hypothesis import reject, strategies as st
+
+from test_op_gradients import CASES, build, distinct, normal, shifted
+
+# Sizes on both sides of every threshold the engine has (docs/limits.md):
+THRESHOLDS = {
+    "MAX_AUTO_ELEMENTS_PER_NODE": 16,  # auto: scalar program at or below (per compute node), tensor plan above
+    "REUSE_MIN_ELEMENTS": 1 << 15,  # an elementwise step may write into a dying operand's buffer
+    "JIT_MIN_BATCH": 256,  # auto: numba kernel for batches from here
+    "SHARED_MEMORY_THRESHOLD": 128 << 10,  # bytes: the client's "auto" placement
+    "STREAM_CHUNK_BYTES_INLINE": 2 << 20,  # gradient_many's default chunk inline
+}
+# Each case draws a regime: its item dimensions and batch shapes.
+# * "narrow": dimensions up to 5 (scalar programs under auto: at most 16 elements per compute node),
+#   batches on both sides of JIT_MIN_BATCH (255, 256) and with two batch axes;
+# * "wide": dimensions 17 and 64 too (past 16 elements per node: auto takes the tensor plan), batches
+#   of 76 and 77 (the issue's shared-memory transformer batch);
+# * "large": values of more than 2^15 elements, either one item of 182 × 182 (the issue's
+#   `sum(tanh(x) @ W)`) or hundreds of items (buffer reuse, output regions, stream chunks).
+REGIMES = {
+    "narrow": ((1, 2, 3, 4, 5), ((), (1,), (2,), (3,), (7,), (2, 3), (5, 1), (3, 4), (255,), (256,))),
+    "wide": ((1, 2, 3, 4, 5, 17, 64), ((), (2,), (7,), (76,), (77,), (3, 4))),
+    "large": ((2, 3, 17, 64, 182), ((), (77,), (255,), (256,), (1000,))),
+}
+MAX_ITEM_ELEMENTS = 182 * 182  # per value and batch item
+MAX_TOTAL_ELEMENTS = 1 << 19  # per value over the whole batch: bounds the fuzzer's run time
+MAX_OPS = 8
+TAME = 1e5  # every value's magnitude in a case (else the case is redrawn)
+
+COMPARISONS = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+               "eq": np.equal, "ne": np.not_equal}
+STRUCTURAL = ("sum", "mean", "max", "reshape", "transpose", "broadcast_to", "index", "concat", "stack",
+              "matmul", "where")
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    name: str
+    arity: int
+    reference: object  # the op table's NumPy function
+    samplers: tuple  # one per operand: the op table's
+
+
+class Vocabulary:
+    """What to draw: every op the server lists, from the op table (elementwise) or a builder."""
+
+    def __init__(self, ops):
+        listed = {op.name: op for op in ops}
+        self.elementwise: dict[str, Elementwise] = {}
+        self.domains: dict[str, tuple] = {}  # op -> samplers of its single-op rows (restricted operands)
+        for case in CASES:
+            name, _, reference, shapes, samplers = case
+            used = [n.op for n in build(case).to_proto().nodes]
+            if len(used) != 1 or used[0] not in listed:
+                continue
+            op = used[0]
+            self.domains.setdefault(op, tuple(samplers))
+            if listed[op].kind == "elementwise" and reference is not None and op not in self.elementwise:
+                self.elementwise[op] = Elementwise(op, len(samplers), reference, tuple(samplers))
+        self.comparisons = [n for n in COMPARISONS if n in listed]
+        self.structural = [n for n in STRUCTURAL if n in listed]
+        self.names = sorted(self.elementwise) + self.comparisons + self.structural
+        self.unfuzzed = sorted(n for n, op in listed.items()
+                               if n not in self.names and op.kind != "source")
+
+    def restricted(self, op: str, position: int):
+        """The sampler an operand must be drawn with (a fresh input or const), or None: any value."""
+        samplers = self.domains.get(op, ())
+        if position < len(samplers) and samplers[position] is not normal:
+            return samplers[position]
+        return None
+
+
+# ---------------------------------------------------------------- the graph
+
+
+@dataclass
+class Node:
+    id: str
+    op: str
+    inputs: tuple[str, ...]
+    attrs: dict
+    shape: tuple[int, ...]
+    dtype: str = "float64"
+    value: np.ndarray | None = None  # const nodes
+
+
+@dataclass
+class Input:
+    name: str
+    shape: tuple[int, ...]
+    lead: tuple[int, ...]  # its batch axes (broadcast against the others')
+    sampler: object
+
+
+@dataclass
+class FuzzCase:
+    vocabulary: Vocabulary = field(repr=False)
+    inputs: dict[str, Input]
+    nodes: list[Node]
+    outputs: dict[str, str]
+    values: dict[str, np.ndarray] = field(repr=False)
+    seeds: dict[str, np.ndarray] = field(repr=False)
+    batch: tuple[int, ...] = ()
+
+    def _repr_pretty_(self, p, cycle) -> None:  # how hypothesis prints a failing case
+        p.text(repr(self))
+
+    def __repr__(self) -> str:
+        lines = ["FuzzCase(batch=%s)" % (self.batch,)]
+        for x in self.inputs.values():
+            lines.append(f"  input {x.name} {list(x.shape)} batch axes {list(x.lead)} ({x.sampler.__name__})")
+        for n in self.nodes:
+            if n.op == "const":
+                lines.append(f"  {n.id} {list(n.shape)} = const")
+            else:
+                attrs = "".join(f" {k}={v}" for k, v in n.attrs.items())
+                lines.append(f"  {n.id} {list(n.shape)} = {n.op}({', '.join(n.inputs)}){attrs}")
+        lines.append(f"  outputs {self.outputs}, seeds {'given' if self.seeds else '1'}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------ sizes
+    def shape(self, ref: str) -> tuple[int, ...]:
+        return self.inputs[ref].shape if ref in self.inputs else self.node(ref).shape
+
+    def node(self, ref: str) -> Node:
+        return next(n for n in self.nodes if n.id == ref)
+
+    def elements(self) -> int:
+        """Elements of all values over the whole batch (a cost measure)."""
+        n = max(1, math.prod(self.batch))
+        return n * (sum(math.prod(x.shape) for x in self.inputs.values())
+                    + sum(math.prod(node.shape) for node in self.nodes))
+
+    def item_elements(self) -> int:
+        return sum(math.prod(x.shape) for x in self.inputs.values()) + sum(math.prod(n.shape) for n in self.nodes)
+
+    # ------------------------------------------------------------ the client graph
+    def client_graph(self) -> sg.Graph:
+        g = sg.Graph()
+        h = {name: g.input(name, x.shape) for name, x in self.inputs.items()}
+        for n in self.nodes:
+            args = [h[r] for r in n.inputs]
+            a = n.attrs
+            if n.op == "const":
+                h[n.id] = g.const(n.value, name=n.id)
+            elif n.op in self.vocabulary.elementwise or n.op in COMPARISONS:
+                h[n.id] = sg.elementwise(n.op, *args, name=n.id)
+            elif n.op == "where":
+                h[n.id] = sg.where(*args, name=n.id)
+            elif n.op == "matmul":
+                h[n.id] = sg.matmul(*args, name=n.id)
+            elif n.op in ("sum", "mean", "max"):
+                h[n.id] = getattr(sg, n.op)(args[0], a["axes"], a["keepdims"], name=n.id)
+            elif n.op == "reshape":
+                h[n.id] = sg.reshape(args[0], a["shape"], name=n.id)
+            elif n.op == "transpose":
+                h[n.id] = sg.transpose(args[0], a["perm"], name=n.id)
+            elif n.op == "broadcast_to":
+                h[n.id] = sg.broadcast_to(args[0], a["shape"], name=n.id)
+            elif n.op == "index":
+                h[n.id] = sg.index(args[0], a["index"], name=n.id)
+            elif n.op in ("concat", "stack"):
+                h[n.id] = getattr(sg, n.op)(args, axis=a["axis"], name=n.id)
+            else:
+                raise AssertionError(n.op)
+        for name, ref in self.outputs.items():
+            g.output(name, h[ref])
+        return g
+
+    # ------------------------------------------------------------ the reference
+    def items(self) -> list[tuple]:
+        return list(np.ndindex(*self.batch)) if self.batch else [()]
+
+    def item(self, b: tuple, values: dict | None = None) -> dict[str, np.ndarray]:
+        values = self.values if values is None else values
+        return {k: np.broadcast_to(v, self.batch + self.inputs[k].shape)[b] for k, v in values.items()}
+
+    def forward(self, item: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every value of one batch item: plain NumPy, op by op."""
+        v = dict(item)
+        with np.errstate(all="ignore"):
+            for n in self.nodes:
+                v[n.id] = np.asarray(self._apply(n, [v[r] for r in n.inputs]))
+                assert v[n.id].shape == n.shape, (n.id, v[n.id].shape, n.shape)
+        return v
+
+    def _apply(self, n: Node, args: list):
+        a = n.attrs
+        if n.op == "const":
+            return n.value
+        if n.op in self.vocabulary.elementwise:
+            return self.vocabulary.elementwise[n.op].reference(*args)
+        if n.op in COMPARISONS:
+            return COMPARISONS[n.op](*args)
+        if n.op == "where":
+            return np.where(*args)
+        if n.op == "matmul":
+            return np.matmul(*args)
+        if n.op in ("sum", "mean", "max"):
+            axes = None if a["axes"] is None else tuple(a["axes"])
+            return {"sum": np.sum, "mean": np.mean, "max": np.max}[n.op](args[0], axis=axes, keepdims=a["keepdims"])
+        if n.op == "reshape":
+            return np.reshape(args[0], a["shape"])
+        if n.op == "transpose":
+            return np.transpose(args[0], a["perm"])
+        if n.op == "broadcast_to":
+            return np.broadcast_to(args[0], a["shape"])
+        if n.op == "index":
+            return args[0][a["index"]]
+        if n.op == "concat":
+            return np.concatenate(args, axis=a["axis"])
+        if n.op == "stack":
+            return np.stack(args, axis=a["axis"])
+        raise AssertionError(n.op)
+
+    def total(self, values: dict, b: tuple) -> float:
+        """Σ seed·output of one item (seed 1 without seeds)."""
+        out = 0.0
+        for name, ref in self.outputs.items():
+            seed = np.broadcast_to(self.seeds[name], self.batch + self.shape(ref))[b] if self.seeds else 1.0
+            out += float(np.sum(values[ref] * seed))
+        return out
+
+    def float_inputs(self) -> list[str]:
+        return list(self.inputs)
+
+
+def reference_outputs(case: FuzzCase, items: list[tuple]) -> dict[tuple, dict[str, np.ndarray]]:
+    return {b: {name: v[ref] for name, ref in case.outputs.items()}
+            for b in items for v in [case.forward(case.item(b))]}
+
+
+def directional_check(case: FuzzCase, grads: dict, b: tuple, rng: np.random.Generator, where: str) -> None:
+    """<gradient of item b, v> against central differences of the interpreter along a random v."""
+    item = {k: np.array(v, dtype=np.float64) for k, v in case.item(b).items()}
+    # each element moves in proportion to its magnitude (at least 1e-6)
+    direction = {k: rng.normal(size=x.shape) * np.maximum(1.0, np.abs(x)) for k, x in item.items()}
+    h = 1e-6
+    up = {k: item[k] + h * direction[k] for k in item}
+    down = {k: item[k] - h * direction[k] for k in item}
+    f_up, f_down = case.total(case.forward(up), b), case.total(case.forward(down), b)
+    fd = (f_up - f_down) / (2 * h)
+    terms = [np.asarray(grads[k])[b] * direction[k] for k in item]
+    got = float(sum(np.sum(t) for t in terms))
+    magnitude = float(sum(np.sum(np.abs(t)) for t in terms))
+    tolerance = 1e-6 * (abs(fd) + magnitude) + 1e-9 * (abs(f_up) + abs(f_down)) / h + 1e-9
+    assert abs(got - fd) <= tolerance, (
+        f"{where}: item {b}: <gradient, v> = {got!r}, central differences {fd!r} (tolerance {tolerance:.3g})")
+
+
+# ---------------------------------------------------------------- the strategy
+
+
+class _Reject(Exception):
+    pass
+
+
+class _Builder:
+    def __init__(self, draw, vocabulary: Vocabulary, batch: tuple, rng: np.random.Generator, dims: tuple):
+        self.draw, self.v, self.batch, self.rng, self.dims = draw, vocabulary, batch, rng, dims
+        self.inputs: dict[str, Input] = {}
+        self.nodes: list[Node] = []
+        self.shapes: dict[str, tuple] = {}
+        self.floats: list[str] = []  # float refs an op may consume
+
+    # -- sizes
+    def fits(self, shape) -> bool:
+        n = math.prod(shape)
+        return n <= MAX_ITEM_ELEMENTS and n * max(1, math.prod(self.batch)) <= MAX_TOTAL_ELEMENTS \
+            and len(shape) <= 4
+
+    def dim(self) -> int:
+        return self.draw(st.sampled_from(self.dims))
+
+    def new_shape(self, rank: int | None = None) -> tuple:
+        for _ in range(4):
+            r = self.draw(st.integers(0, 3)) if rank is None else rank
+            shape = tuple(self.dim() for _ in range(r))
+            if self.fits(shape):
+                return shape
+        return (1,) * (rank or 0)
+
+    # -- leaves
+    def fresh(self, shape: tuple, sampler=normal) -> str:
+        """A new input (with or without batch axes) or, sometimes, a const, drawn by `sampler`."""
+        if self.inputs and self.draw(st.integers(0, 9)) < 2:
+            ref = f"c{len(self.nodes)}"
+            value = np.asarray(sampler(self.rng, shape), dtype=np.float64)
+            self.nodes.append(Node(ref, "const", (), {}, shape, value=value))
+        else:
+            ref = f"x{len(self.inputs)}"
+            kind = self.draw(st.sampled_from(("none", "full", "ones", "suffix")))
+            if not self.batch or kind == "none":
+                lead = ()
+            elif kind == "full":
+                lead = self.batch
+            elif kind == "ones":  # some batch axes of size 1 (broadcast)
+                lead = tuple(d if self.draw(st.booleans()) else 1 for d in self.batch)
+            else:
+                lead = self.batch[self.draw(st.integers(0, len(self.batch))):]
+            self.inputs[ref] = Input(ref, shape, lead, sampler)
+        self.shapes[ref] = shape
+        if sampler is normal:
+            self.floats.append(ref)
+        return ref
+
+    def operand(self, op: str, position: int, shape_ok=lambda s: True, make=None) -> str | None:
+        """An existing value that fits (recent ones first) or a fresh leaf, respecting the op's domain."""
+        sampler = self.v.restricted(op, position)
+        if sampler is None:
+            options = [r for r in self.floats if shape_ok(self.shapes[r])]
+            if options and self.draw(st.integers(0, 9)) < 7:
+                return options[-1 - self.draw(st.integers(0, len(options) - 1))]
+        shape = make() if make else None
+        if shape is None or not shape_ok(shape) or not self.fits(shape):
+            return None
+        return self.fresh(shape, sampler or normal)
+
+    def add(self, op, inputs, attrs, shape, dtype="float64") -> str | None:
+        if not self.fits(shape):
+            return None
+        ref = f"n{len(self.nodes)}"
+        self.nodes.append(Node(ref, op, tuple(inputs), attrs, tuple(shape), dtype))
+        self.shapes[ref] = tuple(shape)
+        if dtype == "float64":
+            self.floats.append(ref)
+        return ref
+
+    # -- ops
+    def build(self, op: str) -> str | None:
+        if op in self.v.elementwise:
+            return self.elementwise(op)
+        if op in COMPARISONS:  # a comparison is drawn as the condition of a where
+            return self.where(op)
+        return getattr(self, op)()
+
+    def elementwise(self, op: str) -> str | None:
+        arity = self.v.elementwise[op].arity
+        x = self.operand(op, 0, make=self.new_shape)
+        if x is None:
+            return None
+        args = [x]
+        for k in range(1, arity):
+            sx = self.shapes[x]
+            if self.v.restricted(op, k) is None and self.v.restricted(op, 0) is None \
+                    and self.draw(st.integers(0, 4)) == 0:
+                args.append(x)  # the same value twice (x*x: two edges per element)
+                continue
+            partner = self.draw(st.sampled_from(("same", "suffix", "ones")))  # a broadcasting partner
+            if partner == "same" or not sx:
+                target = sx
+            elif partner == "suffix":
+                target = sx[self.draw(st.integers(0, len(sx))):]
+            else:
+                target = tuple(d if self.draw(st.booleans()) else 1 for d in sx)
+            y = self.operand(op, k, lambda s, t=target: s == t, lambda t=target: t)
+            if y is None:
+                return None
+            args.append(y)
+        if arity == 2 and self.v.restricted(op, 0) is self.v.restricted(op, 1) and self.draw(st.booleans()):
+            args.reverse()
+        shape = tuple(np.broadcast_shapes(*(self.shapes[a] for a in args)))
+        return self.add(op, args, {}, shape)
+
+    def where(self, comparison: str | None = None) -> str | None:
+        comparison = comparison or self.draw(st.sampled_from(self.v.comparisons))
+        shape = self.new_shape()
+        # the condition compares well-separated fresh values: no ties, no kinks near the point
+        c0 = self.fresh(shape, distinct)
+        c1 = self.fresh(tuple(shape[self.draw(st.integers(0, len(shape))):]), shifted)
+        cond = self.add(comparison, (c0, c1), {}, shape, dtype="bool")
+        if cond is None:
+            return None
+        a = self.operand("where", 1, lambda s: _broadcasts(s, shape), lambda: shape)
+        b = self.operand("where", 2, lambda s: _broadcasts(s, shape), lambda: shape)
+        if a is None or b is None:
+            return None
+        return self.add("where", (cond, a, b), {}, shape)
+
+    def matmul(self) -> str | None:
+        a = self.operand("matmul", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(st.integers(1, 3))))
+        if a is None:
+            return None
+        sa = self.shapes[a]
+        left = self.draw(st.booleans())  # a as the left operand, else as the right one
+        k = sa[-1] if left or len(sa) == 1 else sa[-2]
+        # the partner: 1-D, 2-D, or with batch axes of its own (broadcast against a's)
+        rank, n = self.draw(st.integers(1, 3)), self.dim()
+        core = (k, n) if left else (n, k)
+        partner = (k,) if rank == 1 else core if rank == 2 else (self.draw(st.sampled_from((1, 2, 3))),) + core
+        b = self.operand("matmul", 1, lambda s: s == partner, lambda: partner)
+        if b is None:
+            return None
+        x, y = (a, b) if left else (b, a)
+        try:
+            shape = np.matmul(np.zeros(self.shapes[x]), np.zeros(self.shapes[y])).shape
+        except ValueError:
+            return None
+        return self.add("matmul", (x, y), {}, shape)
+
+    def _reduction(self, op: str) -> str | None:
+        x = self.operand(op, 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(st.integers(1, 3))))
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        if self.draw(st.integers(0, 3)) == 0:
+            axes = None
+        else:
+            chosen = sorted(set(self.draw(st.lists(st.integers(0, len(sx) - 1), min_size=1, max_size=len(sx)))))
+            axes = tuple(a - len(sx) if self.draw(st.booleans()) else a for a in chosen)
+        keepdims = self.draw(st.booleans())
+        norm = set(range(len(sx))) if axes is None else {a % len(sx) for a in axes}
+        shape = tuple((1 if i in norm else d) for i, d in enumerate(sx) if keepdims or i not in norm)
+        return self.add(op, (x,), {"axes": axes, "keepdims": keepdims}, shape)
+
+    def sum(self):
+        return self._reduction("sum")
+
+    def mean(self):
+        return self._reduction("mean")
+
+    def max(self):
+        return self._reduction("max")
+
+    def reshape(self) -> str | None:
+        x = self.operand("reshape", 0, make=self.new_shape)
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        size = math.prod(sx)
+        divisors = [d for d in range(1, size + 1) if size % d == 0]
+        d = self.draw(st.sampled_from(divisors))
+        target = self.draw(st.sampled_from(((size,), (d, size // d), (size // d, 1, d), (1, size))))
+        if target == sx:
+            return None
+        spec = list(target)
+        if self.draw(st.booleans()) and spec:
+            spec[self.draw(st.integers(0, len(spec) - 1))] = -1
+        return self.add("reshape", (x,), {"shape": tuple(spec)}, target)
+
+    def transpose(self) -> str | None:
+        x = self.operand("transpose", 0, lambda s: len(s) >= 2, lambda: self.new_shape(self.draw(st.integers(2, 3))))
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        perm = None if self.draw(st.integers(0, 3)) == 0 else tuple(self.draw(st.permutations(range(len(sx)))))
+        return self.add("transpose", (x,), {"perm": perm}, np.transpose(np.empty(sx), perm).shape)
+
+    def broadcast_to(self) -> str | None:
+        x = self.operand("broadcast_to", 0, make=self.new_shape)
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        target = tuple(self.dim() if d == 1 and self.draw(st.booleans()) else d for d in sx)
+        if self.draw(st.booleans()) or target == sx:
+            target = (self.dim(),) + target
+        return self.add("broadcast_to", (x,), {"shape": target}, target)
+
+    def index(self) -> str | None:
+        x = self.operand("index", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(st.integers(1, 3))))
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        key = []
+        for d in sx[: self.draw(st.integers(1, len(sx)))]:
+            if self.draw(st.integers(0, 2)) == 0:
+                key.append(self.draw(st.integers(-d, d - 1)))
+            else:
+                step = self.draw(st.sampled_from((1, 1, 2, -1, -3)))
+                start = self.draw(st.one_of(st.none(), st.integers(-d, d - 1)))
+                stop = self.draw(st.one_of(st.none(), st.integers(-d - 1, d)))
+                key.append(slice(start, stop, step))
+        key = tuple(key)
+        shape = np.empty(sx)[key].shape
+        if 0 in shape:
+            return None
+        return self.add("index", (x,), {"index": key}, shape)
+
+    def concat(self) -> str | None:
+        x = self.operand("concat", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(st.integers(1, 3))))
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        axis = self.draw(st.integers(-len(sx), len(sx) - 1))
+        other = list(sx)
+        other[axis] = self.dim()
+        other = tuple(other)
+        y = x if self.draw(st.integers(0, 3)) == 0 else self.operand("concat", 1, lambda s: s == other, lambda: other)
+        if y is None:
+            return None
+        args = (x, y) if self.draw(st.booleans()) else (y, x)
+        shape = np.concatenate([np.empty(self.shapes[r]) for r in args], axis=axis).shape
+        return self.add("concat", args, {"axis": axis}, shape)
+
+    def stack(self) -> str | None:
+        x = self.operand("stack", 0, make=self.new_shape)
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        y = x if self.draw(st.integers(0, 3)) == 0 else self.operand("stack", 1, lambda s: s == sx, lambda: sx)
+        if y is None:
+            return None
+        axis = self.draw(st.integers(-len(sx) - 1, len(sx)))
+        return self.add("stack", (x, y), {"axis": axis}, np.stack([np.empty(sx)] * 2, axis=axis).shape)
+
+
+def _broadcasts(s: tuple, shape: tuple) -> bool:
+    """Whether a value of shape `s` broadcasts to `shape` (without growing it)."""
+    try:
+        return np.broadcast_shapes(s, shape) == tuple(shape)
+    except ValueError:
+        return False
+
+
+@st.composite
+def cases(draw, vocabulary: Vocabulary, ops: tuple | None = None, seeds=None) -> FuzzCase:
+    """A random FuzzCase. `ops`: draw from these only; `seeds`: True/False forces explicit output seeds."""
+    names = list(ops or vocabulary.names)
+    dims, batches = REGIMES[draw(st.sampled_from(sorted(REGIMES)))]
+    batch = draw(st.sampled_from(batches))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    b = _Builder(draw, vocabulary, batch, rng, dims)
+    b.fresh(b.new_shape())  # the first input
+    target = draw(st.integers(1, MAX_OPS))
+    built = []
+    for _ in range(4 * MAX_OPS):
+        if len(built) >= target:
+            break
+        ref = b.build(draw(st.sampled_from(names)))
+        if ref is not None:
+            built.append(ref)
+    if not built:
+        reject()
+    outputs = {"y": built[-1]}
+    if len(built) > 1 and draw(st.integers(0, 2)) == 0:
+        outputs["z"] = built[draw(st.integers(0, len(built) - 2))]
+    values = {}
+    for name, x in b.inputs.items():  # item by item: a sampler's spacing is per item
+        items = [x.sampler(rng, x.shape) for _ in np.ndindex(*x.lead)]
+        values[name] = np.asarray(items, dtype=np.float64).reshape(x.lead + x.shape)
+    leads = [x.lead for x in b.inputs.values()]
+    full_batch = tuple(np.broadcast_shapes(*leads)) if leads else ()
+    with_seeds = draw(st.booleans()) if seeds is None else seeds
+    seed_values = {name: rng.normal(size=full_batch + b.shapes[ref]) for name, ref in outputs.items()} \
+        if with_seeds else {}
+    case = FuzzCase(vocabulary, dict(b.inputs), list(b.nodes), outputs, values, seed_values, full_batch)
+    # tame values only (no overflow, no huge magnitudes): checked on a few items
+    items = case.items()
+    for item in {items[0], items[-1], items[len(items) // 2]}:
+        for ref, v in case.forward(case.item(item)).items():
+            if v.dtype != bool and not (np.all(np.isfinite(v)) and np.all(np.abs(v) <= TAME)):
+                reject()
+    return case

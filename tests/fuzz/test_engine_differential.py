@@ -1,0 +1,214 @@
+"""The differential fuzzer (issue 12): random graphs over every op of the registry, with batch
+axes on random subsets of the inputs (weights included) and sizes on both sides of the engine's
+thresholds, run on every backend, both transports (inline and shared memory), unary and
+streamed, and compared with an independent reference:
+
+* the real semiring: forward values against a NumPy interpreter of each batch item
+  (tests/fuzz/fuzz_graphs.py), gradients against central differences of that interpreter along
+  random directions, item by item;
+* every other installed semiring: against brute-force path enumeration (tests/path_reference.py)
+  on small graphs.
+
+`make test` runs it bounded (hypothesis profile "ci": fixed seed); `make fuzz` runs many more
+examples with random seeds. The number of cases run is printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from importlib import metadata
+
+import numpy as np
+import pytest
+import semigrad as sg
+from fuzz_graphs import THRESHOLDS, Vocabulary, cases, directional_check
+from hypothesis import given, note, settings, strategies as st
+from path_reference import over_paths, random_case
+
+from semigrad_server.semiring.loader import GROUP
+
+FUZZ = bool(os.environ.get("SEMIGRAD_FUZZ"))
+SCALAR_ELEMENTS = 400  # scalar backend for graphs of at most this many elements per item (all values)
+JIT_ELEMENTS = 80  # the JIT backend for these, on an eighth of them
+CHECKED_ITEMS = 48  # batch items compared with the reference per call (first, last, and a random sample)
+STATS: dict[str, int] = {}
+
+
+def count(key: str, n: int = 1) -> None:
+    STATS[key] = STATS.get(key, 0) + n
+
+
+@pytest.fixture(scope="module")
+def clients(server_address):
+    """One client per transport: tensors inline, and always through shared memory (results
+    written into the request's output regions)."""
+    with sg.Client(server_address, shared_memory=False) as inline, \
+            sg.Client(server_address, shared_memory=True) as shared:
+        yield {"inline": inline, "shared_memory": shared}
+
+
+@pytest.fixture(scope="module")
+def vocabulary(clients):
+    return Vocabulary(clients["inline"].list_ops())
+
+
+def test_every_op_of_the_server_is_fuzzed(vocabulary):
+    """Every op the server lists is drawn (elementwise ops through their op-table row), or is
+    internal to backward graphs (scatter_index, heaviside), which gradients reach."""
+    from semigrad_server.ops import REGISTRY
+
+    internal = {op.name for op in REGISTRY if op.internal}
+    assert set(vocabulary.unfuzzed) - internal == set(), (
+        "ops the fuzzer cannot draw: give each a single-op row in tests/test_op_gradients.py CASES "
+        "(elementwise) or a builder in tests/fuzz/fuzz_graphs.py")
+
+
+# ---------------------------------------------------------------- running a case
+
+
+def sample_items(case, rng) -> list[tuple]:
+    items = case.items()
+    if len(items) <= CHECKED_ITEMS:
+        return items
+    picked = {0, len(items) - 1} | set(rng.choice(len(items), CHECKED_ITEMS - 2, replace=False).tolist())
+    return [items[i] for i in sorted(picked)]
+
+
+def stream_chunks(case) -> int | None:
+    """gradient_many cuts along the first batch axis: None when the inputs that have batch axes
+    disagree on it (then the case is not streamed)."""
+    firsts = {x.lead[0] for x in case.inputs.values() if x.lead}
+    return firsts.pop() if len(firsts) == 1 else 1 if not firsts else None
+
+
+def compare(case, got_outputs, grads, items, rng, where: str) -> None:
+    for name, ref in case.outputs.items():
+        out = np.asarray(got_outputs[name])
+        full = np.broadcast_to(out, case.batch + case.shape(ref))
+        for b in items:
+            want = case.forward(case.item(b))[ref]
+            scale = 1.0 + float(np.max(np.abs(want))) if want.size else 1.0
+            np.testing.assert_allclose(full[b], want, rtol=1e-9, atol=1e-9 * scale,
+                                       err_msg=f"{where}: output {name}, item {b}")
+    for x, spec in case.inputs.items():
+        assert np.shape(grads[x]) == case.batch + spec.shape, (where, x, np.shape(grads[x]))
+    for b in items:
+        directional_check(case, grads, b, rng, where)
+
+
+def run_config(case, graphs, backend: str, transport: str, mode: str, chunk_size, rng) -> str:
+    """One call of the case on one configuration, checked; returns what happened."""
+    f = graphs[transport]
+    seeds = case.seeds or None
+    where = f"backend={backend} transport={transport} {mode}" + (f" chunk_size={chunk_size}" if mode == "stream" else "")
+    try:
+        if mode == "unary":
+            grads, outputs = f.gradient(case.values, seeds=seeds, backend=backend, return_outputs=True)
+        else:
+            grads = f.gradient_many(case.values, chunk_size=chunk_size, seeds=seeds, backend=backend,
+                                    return_outputs=True, progress=False)
+            outputs = grads.outputs
+        evaluated = f.evaluate(case.values, backend=backend)
+    except sg.SemigradError as e:
+        if backend in ("scalar", "jit") and e.code.name == "FAILED_PRECONDITION" and "cannot run this graph" in str(e):
+            return "refused"  # a declared refusal (too many scalars for a scalar program)
+        raise AssertionError(f"{where}: {type(e).__name__}: {e}") from None
+    items = sample_items(case, rng)
+    compare(case, outputs, grads, items, rng, where)
+    compare(case, evaluated, grads, items[:4], rng, where + " (evaluate)")
+    return "ran"
+
+
+@settings(max_examples=2000 if FUZZ else 60)
+@given(data=st.data())
+def test_real_semiring_against_numpy(clients, vocabulary, data):
+    """Each case on every backend (scalar and JIT when the graph's scalar program is small
+    enough to compile quickly), both transports, unary and streamed."""
+    case = data.draw(cases(vocabulary), label="case")
+    first = stream_chunks(case)
+    chunk_size = None if first is None else data.draw(
+        st.sampled_from([None] + sorted({max(1, first // d) for d in (1, 2, 3, 7)})), label="chunk_size")
+    # Scalar programs are compiled per graph (numba: ~7 ms an instruction): their size is time.
+    backends = ["auto", "tensor"] + ["scalar"] * (case.item_elements() <= SCALAR_ELEMENTS)
+    if case.item_elements() <= JIT_ELEMENTS and data.draw(st.integers(0, 7), label="jit") == 0:
+        backends.append("jit")
+    rng = np.random.default_rng(0)
+    graphs = {name: c.register(case.client_graph()) for name, c in clients.items()}
+    count("graphs")
+    if max(math.prod(case.batch) * math.prod(n.shape) for n in case.nodes) >= THRESHOLDS["REUSE_MIN_ELEMENTS"]:
+        count(f"graphs with a value of ≥ {THRESHOLDS['REUSE_MIN_ELEMENTS']} elements")
+    for backend in backends:
+        for transport in ("inline", "shared_memory"):
+            for mode in ("unary", "stream"):
+                if mode == "stream" and first is None:
+                    count("stream not applicable")
+                    continue
+                note(f"running backend={backend} transport={transport} {mode}")
+                start = time.perf_counter()
+                count(f"{run_config(case, graphs, backend, transport, mode, chunk_size, rng)} ({backend})")
+                count(f"ms ({backend})", int(1000 * (time.perf_counter() - start)))
+
+
+# ---------------------------------------------------------------- other semirings: path enumeration
+
+
+def _installed():
+    configs = []
+    for ep in sorted(metadata.entry_points(group=GROUP), key=lambda ep: ep.name):
+        if ep.name == "real":
+            continue
+        configs.append((ep.name, {"k": 3} if ep.name == "kbest" else {}))
+    return configs
+
+
+SEMIRINGS = _installed()
+_OBJECTS: dict = {}
+
+
+def semiring_object(name: str, params: dict):
+    """The plugin's own semiring object, loaded straight from its entry point (the reference)."""
+    key = (name, tuple(sorted(params.items())))
+    if key not in _OBJECTS:
+        (ep,) = [ep for ep in metadata.entry_points(group=GROUP) if ep.name == name]
+        obj = ep.load()
+        _OBJECTS[key] = (obj() if isinstance(obj, type) else obj).configure(params)
+    return _OBJECTS[key]
+
+
+@settings(max_examples=2000 if FUZZ else 30)
+@given(seed=st.integers(0, 10**6), semiring=st.sampled_from(SEMIRINGS),
+       backend=st.sampled_from(["auto", "tensor", "scalar"]), transport=st.sampled_from(["inline", "shared_memory"]),
+       mode=st.sampled_from(["unary", "stream"]))
+def test_semirings_against_path_enumeration(clients, seed, semiring, backend, transport, mode):
+    """Small random graphs (tests/path_reference.py: batch axes on random subsets of the inputs)
+    under every installed semiring, on every backend a plugin semiring runs on (the JIT refuses
+    plugin semirings by declaration), both transports, unary and streamed."""
+    name, params = semiring
+    c = random_case(seed)
+    s = semiring_object(name, params)
+    f = clients[transport].register(c.graph.client_graph())
+    options = dict(seeds=c.seeds or None, semiring=name, semiring_params=params or None, backend=backend)
+    firsts = {v.shape[0] for k, v in c.inputs.items() if np.ndim(v) > len(c.graph.inputs[k])}
+    if mode == "stream" and len(firsts) == 1:
+        got = f.gradient_many(c.inputs, chunk_size=1, progress=False, **options)
+    else:
+        mode = "unary"
+        got = f.gradient(c.inputs, return_components=True, **options)
+    count(f"semiring cases ({mode})")
+    where = f"seed {seed}, {name}{params or ''}, backend={backend} transport={transport} {mode}\n{c.graph.describe()}"
+    for b in c.items():
+        _, partials = c.item_partials(b)
+        for x, shape in c.graph.inputs.items():
+            assert np.shape(got[x]) == c.batch + shape, where
+            for flat in range(math.prod(shape)):
+                full = tuple(b) + tuple(int(i) for i in np.unravel_index(flat, shape))
+                paths = [c.path_index(p) for p in c.graph.paths(x, flat)]
+                want = s.read(over_paths(s, paths, partials))
+                np.testing.assert_allclose(np.asarray(got[x])[full], want[s.primary], rtol=1e-9, atol=1e-12,
+                                           err_msg=f"d/d{x}{list(full)}: {where}")
+                if mode == "unary":
+                    for key in want:
+                        np.testing.assert_allclose(np.asarray(got.components[x][key])[full], want[key], rtol=1e-9,
+                                                   atol=1e-12, err_msg=f"{key} of d/d{x}{list(full)}: {where}")
