@@ -50,6 +50,7 @@ REGIMES = {
     "wide": ((1, 2, 3, 4, 5, 17, 64), ((), (2,), (7,), (76,), (77,), (3, 4))),
     "large": ((2, 3, 17, 64, 182), ((), (77,), (255,), (256,), (1000,))),
 }
+LARGE = 1 << 15  # the buffer-reuse threshold (runtime/plan.py REUSE_MIN_ELEMENTS)
 MAX_ITEM_ELEMENTS = 182 * 182  # per value and batch item
 MAX_TOTAL_ELEMENTS = 1 << 19  # per value over the whole batch: bounds the fuzzer's run time
 MAX_OPS = 8
@@ -57,6 +58,7 @@ TAME = 1e5  # every value's magnitude in a case (else the case is redrawn)
 
 COMPARISONS = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
                "eq": np.equal, "ne": np.not_equal}
+FAMILY_DRAWS = ("elementwise",) * 4 + ("where", "reduction", "reduction", "structural", "structural") + ("matmul",) * 3
 STRUCTURAL = ("sum", "mean", "max", "reshape", "transpose", "broadcast_to", "index", "concat", "stack",
               "matmul", "where")
 
@@ -88,6 +90,13 @@ class Vocabulary:
         self.comparisons = [n for n in COMPARISONS if n in listed]
         self.structural = [n for n in STRUCTURAL if n in listed]
         self.names = sorted(self.elementwise) + self.comparisons + self.structural
+        # Ops are drawn family first, so the graphs look like users' (matmul-heavy), whatever the
+        # number of elementwise ops: a family's weight is its number of entries in FAMILY_DRAWS.
+        self.families = {"elementwise": sorted(self.elementwise), "where": self.comparisons,
+                         "matmul": [n for n in ("matmul",) if n in listed],
+                         "reduction": [n for n in ("sum", "mean", "max") if n in listed],
+                         "structural": [n for n in STRUCTURAL if n in listed and n not in
+                                        ("matmul", "where", "sum", "mean", "max")]}
         self.unfuzzed = sorted(n for n, op in listed.items()
                                if n not in self.names and op.kind != "source")
 
@@ -254,39 +263,97 @@ class FuzzCase:
         return list(self.inputs)
 
 
-def reference_outputs(case: FuzzCase, items: list[tuple]) -> dict[tuple, dict[str, np.ndarray]]:
-    return {b: {name: v[ref] for name, ref in case.outputs.items()}
-            for b in items for v in [case.forward(case.item(b))]}
+class Reference:
+    """What the interpreter says about some batch items of a case, computed once for every
+    configuration the case runs on: each item's outputs, and the central difference of
+    Σ seed·outputs along a random direction v (each element moving in proportion to its
+    magnitude), which <gradient of the item, v> must match."""
 
+    H = 1e-6
 
-def directional_check(case: FuzzCase, grads: dict, b: tuple, rng: np.random.Generator, where: str) -> None:
-    """<gradient of item b, v> against central differences of the interpreter along a random v."""
-    item = {k: np.array(v, dtype=np.float64) for k, v in case.item(b).items()}
-    # each element moves in proportion to its magnitude (at least 1e-6)
-    direction = {k: rng.normal(size=x.shape) * np.maximum(1.0, np.abs(x)) for k, x in item.items()}
-    h = 1e-6
-    up = {k: item[k] + h * direction[k] for k in item}
-    down = {k: item[k] - h * direction[k] for k in item}
-    f_up, f_down = case.total(case.forward(up), b), case.total(case.forward(down), b)
-    fd = (f_up - f_down) / (2 * h)
-    terms = [np.asarray(grads[k])[b] * direction[k] for k in item]
-    got = float(sum(np.sum(t) for t in terms))
-    magnitude = float(sum(np.sum(np.abs(t)) for t in terms))
-    tolerance = 1e-6 * (abs(fd) + magnitude) + 1e-9 * (abs(f_up) + abs(f_down)) / h + 1e-9
-    assert abs(got - fd) <= tolerance, (
-        f"{where}: item {b}: <gradient, v> = {got!r}, central differences {fd!r} (tolerance {tolerance:.3g})")
+    def __init__(self, case: FuzzCase, items: list[tuple], rng: np.random.Generator):
+        self.case, self.items = case, items
+        self.outputs, self.directions, self.differences = {}, {}, {}
+        for b in items:
+            item = {k: np.array(v, dtype=np.float64) for k, v in case.item(b).items()}
+            values = case.forward(item)
+            self.outputs[b] = {name: values[ref] for name, ref in case.outputs.items()}
+            v = {k: rng.normal(size=x.shape) * np.maximum(1.0, np.abs(x)) for k, x in item.items()}
+            up = case.total(case.forward({k: item[k] + self.H * v[k] for k in item}), b)
+            down = case.total(case.forward({k: item[k] - self.H * v[k] for k in item}), b)
+            self.directions[b] = v
+            # rounding in the totals, amplified by the division by 2h, is part of the tolerance
+            self.differences[b] = ((up - down) / (2 * self.H), 1e-9 * (abs(up) + abs(down)) / self.H)
+
+    def check_outputs(self, got: dict, items: list[tuple], where: str) -> None:
+        for name, ref in self.case.outputs.items():
+            full = np.broadcast_to(np.asarray(got[name]), self.case.batch + self.case.shape(ref))
+            for b in items:
+                want = self.outputs[b][name]
+                scale = 1.0 + float(np.max(np.abs(want))) if want.size else 1.0
+                np.testing.assert_allclose(full[b], want, rtol=1e-9, atol=1e-9 * scale,
+                                           err_msg=f"{where}: output {name}, item {b}")
+
+    def check_gradients(self, grads: dict, where: str) -> None:
+        for x, spec in self.case.inputs.items():
+            assert np.shape(grads[x]) == self.case.batch + spec.shape, (
+                f"{where}: the gradient for {x} has shape {np.shape(grads[x])}, not {self.case.batch + spec.shape}")
+        for b in self.items:
+            fd, rounding = self.differences[b]
+            terms = [np.asarray(grads[k])[b] * v for k, v in self.directions[b].items()]
+            got = float(sum(np.sum(t) for t in terms))
+            magnitude = float(sum(np.sum(np.abs(t)) for t in terms))
+            tolerance = 1e-6 * (abs(fd) + magnitude) + rounding + 1e-9
+            assert abs(got - fd) <= tolerance, (
+                f"{where}: item {b}: <gradient, v> = {got!r}, central differences {fd!r} (tolerance {tolerance:.3g})")
 
 
 # ---------------------------------------------------------------- the strategy
 
 
-class _Reject(Exception):
-    pass
+class rs:
+    """The few strategies the builder uses, drawn from a NumPy generator instead of hypothesis:
+    hypothesis's own generation repeats near-copies of earlier graphs in a short run, while a
+    seeded generator gives a new graph every example (hypothesis still draws the regime, batch,
+    number of ops and the seed, and shrinks those)."""
+
+    @staticmethod
+    def integers(lo, hi):
+        return lambda rng: int(rng.integers(lo, hi + 1))
+
+    @staticmethod
+    def sampled_from(options):
+        options = list(options)
+        return lambda rng: options[int(rng.integers(len(options)))]
+
+    @staticmethod
+    def booleans():
+        return lambda rng: bool(rng.integers(2))
+
+    @staticmethod
+    def lists(element, min_size, max_size):
+        return lambda rng: [element(rng) for _ in range(int(rng.integers(min_size, max_size + 1)))]
+
+    @staticmethod
+    def permutations(values):
+        values = list(values)
+        return lambda rng: [values[i] for i in rng.permutation(len(values))]
+
+    @staticmethod
+    def none():
+        return lambda rng: None
+
+    @staticmethod
+    def one_of(*options):
+        return lambda rng: options[int(rng.integers(len(options)))](rng)
 
 
 class _Builder:
-    def __init__(self, draw, vocabulary: Vocabulary, batch: tuple, rng: np.random.Generator, dims: tuple):
-        self.draw, self.v, self.batch, self.rng, self.dims = draw, vocabulary, batch, rng, dims
+    def __init__(self, vocabulary: Vocabulary, batch: tuple, rng: np.random.Generator, dims: tuple):
+        """`rng` draws the structure (`draw(rs.…)`) and the const values."""
+        self.v, self.batch, self.rng, self.dims = vocabulary, batch, rng, dims
+        self.draw = lambda choice: choice(rng)
+        self.large = dims == REGIMES["large"][0]
         self.inputs: dict[str, Input] = {}
         self.nodes: list[Node] = []
         self.shapes: dict[str, tuple] = {}
@@ -299,34 +366,38 @@ class _Builder:
             and len(shape) <= 4
 
     def dim(self) -> int:
-        return self.draw(st.sampled_from(self.dims))
+        return self.draw(rs.sampled_from(self.dims))
 
     def new_shape(self, rank: int | None = None) -> tuple:
-        for _ in range(4):
-            r = self.draw(st.integers(0, 3)) if rank is None else rank
+        """A shape that fits; in the "large" regime, preferably one of at least 2^15 elements over the batch."""
+        fitting = (1,) * (rank or 0)
+        for _ in range(8 if self.large else 4):
+            r = self.draw(rs.integers(0, 3)) if rank is None else rank
             shape = tuple(self.dim() for _ in range(r))
             if self.fits(shape):
-                return shape
-        return (1,) * (rank or 0)
+                fitting = shape
+                if not self.large or math.prod(shape) * max(1, math.prod(self.batch)) >= LARGE:
+                    break
+        return fitting
 
     # -- leaves
     def fresh(self, shape: tuple, sampler=normal) -> str:
         """A new input (with or without batch axes) or, sometimes, a const, drawn by `sampler`."""
-        if self.inputs and self.draw(st.integers(0, 9)) < 2:
+        if self.inputs and self.draw(rs.integers(0, 9)) < 2:
             ref = f"c{len(self.nodes)}"
             value = np.asarray(sampler(self.rng, shape), dtype=np.float64)
             self.nodes.append(Node(ref, "const", (), {}, shape, value=value))
         else:
             ref = f"x{len(self.inputs)}"
-            kind = self.draw(st.sampled_from(("none", "full", "ones", "suffix")))
+            kind = self.draw(rs.sampled_from(("none",) * 3 + ("full",) * 4 + ("ones", "suffix") * 2))
             if not self.batch or kind == "none":
                 lead = ()
             elif kind == "full":
                 lead = self.batch
             elif kind == "ones":  # some batch axes of size 1 (broadcast)
-                lead = tuple(d if self.draw(st.booleans()) else 1 for d in self.batch)
+                lead = tuple(d if self.draw(rs.booleans()) else 1 for d in self.batch)
             else:
-                lead = self.batch[self.draw(st.integers(0, len(self.batch))):]
+                lead = self.batch[self.draw(rs.integers(0, len(self.batch))):]
             self.inputs[ref] = Input(ref, shape, lead, sampler)
         self.shapes[ref] = shape
         if sampler is normal:
@@ -338,8 +409,8 @@ class _Builder:
         sampler = self.v.restricted(op, position)
         if sampler is None:
             options = [r for r in self.floats if shape_ok(self.shapes[r])]
-            if options and self.draw(st.integers(0, 9)) < 7:
-                return options[-1 - self.draw(st.integers(0, len(options) - 1))]
+            if options and self.draw(rs.integers(0, 9)) < 8:  # chains, as users write them: the latest value mostly
+                return options[-1] if self.draw(rs.booleans()) else options[self.draw(rs.integers(0, len(options) - 1))]
         shape = make() if make else None
         if shape is None or not shape_ok(shape) or not self.fits(shape):
             return None
@@ -372,31 +443,31 @@ class _Builder:
         for k in range(1, arity):
             sx = self.shapes[x]
             if self.v.restricted(op, k) is None and self.v.restricted(op, 0) is None \
-                    and self.draw(st.integers(0, 4)) == 0:
+                    and self.draw(rs.integers(0, 4)) == 0:
                 args.append(x)  # the same value twice (x*x: two edges per element)
                 continue
-            partner = self.draw(st.sampled_from(("same", "suffix", "ones")))  # a broadcasting partner
+            partner = self.draw(rs.sampled_from(("same", "suffix", "ones")))  # a broadcasting partner
             if partner == "same" or not sx:
                 target = sx
             elif partner == "suffix":
-                target = sx[self.draw(st.integers(0, len(sx))):]
+                target = sx[self.draw(rs.integers(0, len(sx))):]
             else:
-                target = tuple(d if self.draw(st.booleans()) else 1 for d in sx)
+                target = tuple(d if self.draw(rs.booleans()) else 1 for d in sx)
             y = self.operand(op, k, lambda s, t=target: s == t, lambda t=target: t)
             if y is None:
                 return None
             args.append(y)
-        if arity == 2 and self.v.restricted(op, 0) is self.v.restricted(op, 1) and self.draw(st.booleans()):
+        if arity == 2 and self.v.restricted(op, 0) is self.v.restricted(op, 1) and self.draw(rs.booleans()):
             args.reverse()
         shape = tuple(np.broadcast_shapes(*(self.shapes[a] for a in args)))
         return self.add(op, args, {}, shape)
 
     def where(self, comparison: str | None = None) -> str | None:
-        comparison = comparison or self.draw(st.sampled_from(self.v.comparisons))
+        comparison = comparison or self.draw(rs.sampled_from(self.v.comparisons))
         shape = self.new_shape()
         # the condition compares well-separated fresh values: no ties, no kinks near the point
         c0 = self.fresh(shape, distinct)
-        c1 = self.fresh(tuple(shape[self.draw(st.integers(0, len(shape))):]), shifted)
+        c1 = self.fresh(tuple(shape[self.draw(rs.integers(0, len(shape))):]), shifted)
         cond = self.add(comparison, (c0, c1), {}, shape, dtype="bool")
         if cond is None:
             return None
@@ -407,37 +478,46 @@ class _Builder:
         return self.add("where", (cond, a, b), {}, shape)
 
     def matmul(self) -> str | None:
-        a = self.operand("matmul", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(st.integers(1, 3))))
+        a = self.operand("matmul", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(rs.integers(1, 3))))
         if a is None:
             return None
         sa = self.shapes[a]
-        left = self.draw(st.booleans())  # a as the left operand, else as the right one
+        left = self.draw(rs.booleans())  # a as the left operand, else as the right one
         k = sa[-1] if left or len(sa) == 1 else sa[-2]
-        # the partner: 1-D, 2-D, or with batch axes of its own (broadcast against a's)
-        rank, n = self.draw(st.integers(1, 3)), self.dim()
-        core = (k, n) if left else (n, k)
-        partner = (k,) if rank == 1 else core if rank == 2 else (self.draw(st.sampled_from((1, 2, 3))),) + core
+        # the partner: 1-D, 2-D, or with item batch axes of its own (broadcast against a's);
+        # its new dimension is one whose result fits
+        rank = self.draw(rs.sampled_from((1, 2, 2, 2, 3)))  # mostly a matrix of weights
+        lead = () if rank < 3 else (self.draw(rs.sampled_from((1, 2, 3) if len(sa) < 3 else (1, sa[-3]))),)
+        candidates = []
+        for n in self.dims:
+            core = (k, n) if left else (n, k)
+            partner = (k,) if rank == 1 else lead + core
+            try:
+                x, y = (sa, partner) if left else (partner, sa)
+                shape = np.matmul(np.zeros(x), np.zeros(y)).shape
+            except ValueError:
+                continue
+            if self.fits(shape) and self.fits(partner):
+                candidates.append((partner, shape))
+        if not candidates:
+            return None
+        partner, shape = self.draw(rs.sampled_from(candidates))
         b = self.operand("matmul", 1, lambda s: s == partner, lambda: partner)
         if b is None:
             return None
-        x, y = (a, b) if left else (b, a)
-        try:
-            shape = np.matmul(np.zeros(self.shapes[x]), np.zeros(self.shapes[y])).shape
-        except ValueError:
-            return None
-        return self.add("matmul", (x, y), {}, shape)
+        return self.add("matmul", (a, b) if left else (b, a), {}, shape)
 
     def _reduction(self, op: str) -> str | None:
-        x = self.operand(op, 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(st.integers(1, 3))))
+        x = self.operand(op, 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(rs.integers(1, 3))))
         if x is None:
             return None
         sx = self.shapes[x]
-        if self.draw(st.integers(0, 3)) == 0:
+        if self.draw(rs.integers(0, 3)) == 0:
             axes = None
         else:
-            chosen = sorted(set(self.draw(st.lists(st.integers(0, len(sx) - 1), min_size=1, max_size=len(sx)))))
-            axes = tuple(a - len(sx) if self.draw(st.booleans()) else a for a in chosen)
-        keepdims = self.draw(st.booleans())
+            chosen = sorted(set(self.draw(rs.lists(rs.integers(0, len(sx) - 1), min_size=1, max_size=len(sx)))))
+            axes = tuple(a - len(sx) if self.draw(rs.booleans()) else a for a in chosen)
+        keepdims = self.draw(rs.booleans())
         norm = set(range(len(sx))) if axes is None else {a % len(sx) for a in axes}
         shape = tuple((1 if i in norm else d) for i, d in enumerate(sx) if keepdims or i not in norm)
         return self.add(op, (x,), {"axes": axes, "keepdims": keepdims}, shape)
@@ -458,21 +538,21 @@ class _Builder:
         sx = self.shapes[x]
         size = math.prod(sx)
         divisors = [d for d in range(1, size + 1) if size % d == 0]
-        d = self.draw(st.sampled_from(divisors))
-        target = self.draw(st.sampled_from(((size,), (d, size // d), (size // d, 1, d), (1, size))))
+        d = self.draw(rs.sampled_from(divisors))
+        target = self.draw(rs.sampled_from(((size,), (d, size // d), (size // d, 1, d), (1, size))))
         if target == sx:
             return None
         spec = list(target)
-        if self.draw(st.booleans()) and spec:
-            spec[self.draw(st.integers(0, len(spec) - 1))] = -1
+        if self.draw(rs.booleans()) and spec:
+            spec[self.draw(rs.integers(0, len(spec) - 1))] = -1
         return self.add("reshape", (x,), {"shape": tuple(spec)}, target)
 
     def transpose(self) -> str | None:
-        x = self.operand("transpose", 0, lambda s: len(s) >= 2, lambda: self.new_shape(self.draw(st.integers(2, 3))))
+        x = self.operand("transpose", 0, lambda s: len(s) >= 2, lambda: self.new_shape(self.draw(rs.integers(2, 3))))
         if x is None:
             return None
         sx = self.shapes[x]
-        perm = None if self.draw(st.integers(0, 3)) == 0 else tuple(self.draw(st.permutations(range(len(sx)))))
+        perm = None if self.draw(rs.integers(0, 3)) == 0 else tuple(self.draw(rs.permutations(range(len(sx)))))
         return self.add("transpose", (x,), {"perm": perm}, np.transpose(np.empty(sx), perm).shape)
 
     def broadcast_to(self) -> str | None:
@@ -480,24 +560,24 @@ class _Builder:
         if x is None:
             return None
         sx = self.shapes[x]
-        target = tuple(self.dim() if d == 1 and self.draw(st.booleans()) else d for d in sx)
-        if self.draw(st.booleans()) or target == sx:
+        target = tuple(self.dim() if d == 1 and self.draw(rs.booleans()) else d for d in sx)
+        if self.draw(rs.booleans()) or target == sx:
             target = (self.dim(),) + target
         return self.add("broadcast_to", (x,), {"shape": target}, target)
 
     def index(self) -> str | None:
-        x = self.operand("index", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(st.integers(1, 3))))
+        x = self.operand("index", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(rs.integers(1, 3))))
         if x is None:
             return None
         sx = self.shapes[x]
         key = []
-        for d in sx[: self.draw(st.integers(1, len(sx)))]:
-            if self.draw(st.integers(0, 2)) == 0:
-                key.append(self.draw(st.integers(-d, d - 1)))
+        for d in sx[: self.draw(rs.integers(1, len(sx)))]:
+            if self.draw(rs.integers(0, 2)) == 0:
+                key.append(self.draw(rs.integers(-d, d - 1)))
             else:
-                step = self.draw(st.sampled_from((1, 1, 2, -1, -3)))
-                start = self.draw(st.one_of(st.none(), st.integers(-d, d - 1)))
-                stop = self.draw(st.one_of(st.none(), st.integers(-d - 1, d)))
+                step = self.draw(rs.sampled_from((1, 1, 2, -1, -3)))
+                start = self.draw(rs.one_of(rs.none(), rs.integers(-d, d - 1)))
+                stop = self.draw(rs.one_of(rs.none(), rs.integers(-d - 1, d)))
                 key.append(slice(start, stop, step))
         key = tuple(key)
         shape = np.empty(sx)[key].shape
@@ -506,18 +586,18 @@ class _Builder:
         return self.add("index", (x,), {"index": key}, shape)
 
     def concat(self) -> str | None:
-        x = self.operand("concat", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(st.integers(1, 3))))
+        x = self.operand("concat", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(rs.integers(1, 3))))
         if x is None:
             return None
         sx = self.shapes[x]
-        axis = self.draw(st.integers(-len(sx), len(sx) - 1))
+        axis = self.draw(rs.integers(-len(sx), len(sx) - 1))
         other = list(sx)
         other[axis] = self.dim()
         other = tuple(other)
-        y = x if self.draw(st.integers(0, 3)) == 0 else self.operand("concat", 1, lambda s: s == other, lambda: other)
+        y = x if self.draw(rs.integers(0, 3)) == 0 else self.operand("concat", 1, lambda s: s == other, lambda: other)
         if y is None:
             return None
-        args = (x, y) if self.draw(st.booleans()) else (y, x)
+        args = (x, y) if self.draw(rs.booleans()) else (y, x)
         shape = np.concatenate([np.empty(self.shapes[r]) for r in args], axis=axis).shape
         return self.add("concat", args, {"axis": axis}, shape)
 
@@ -526,10 +606,10 @@ class _Builder:
         if x is None:
             return None
         sx = self.shapes[x]
-        y = x if self.draw(st.integers(0, 3)) == 0 else self.operand("stack", 1, lambda s: s == sx, lambda: sx)
+        y = x if self.draw(rs.integers(0, 3)) == 0 else self.operand("stack", 1, lambda s: s == sx, lambda: sx)
         if y is None:
             return None
-        axis = self.draw(st.integers(-len(sx) - 1, len(sx)))
+        axis = self.draw(rs.integers(-len(sx) - 1, len(sx)))
         return self.add("stack", (x, y), {"axis": axis}, np.stack([np.empty(sx)] * 2, axis=axis).shape)
 
 
@@ -544,25 +624,32 @@ def _broadcasts(s: tuple, shape: tuple) -> bool:
 @st.composite
 def cases(draw, vocabulary: Vocabulary, ops: tuple | None = None, seeds=None) -> FuzzCase:
     """A random FuzzCase. `ops`: draw from these only; `seeds`: True/False forces explicit output seeds."""
-    names = list(ops or vocabulary.names)
-    dims, batches = REGIMES[draw(st.sampled_from(sorted(REGIMES)))]
+    families = {f: [n for n in names if n in (ops or names)] for f, names in vocabulary.families.items()}
+    families = {f: names for f, names in families.items() if names}
+    draws = [f for f in FAMILY_DRAWS if f in families]
+    dims, batches = REGIMES[draw(st.sampled_from(("narrow", "wide", "large", "large")))]
     batch = draw(st.sampled_from(batches))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    b = _Builder(draw, vocabulary, batch, rng, dims)
-    b.fresh(b.new_shape())  # the first input
     target = draw(st.integers(1, MAX_OPS))
+    seed = draw(st.integers(0, 2**32 - 1))
+    b = _Builder(vocabulary, batch, np.random.default_rng(seed), dims)
+    b.fresh(b.new_shape())  # the first input
     built = []
-    for _ in range(4 * MAX_OPS):
+    for _ in range(4 * MAX_OPS):  # ops in turn: fewer ops give a prefix of the same graph
         if len(built) >= target:
             break
-        ref = b.build(draw(st.sampled_from(names)))
+        ref = b.build(b.draw(rs.sampled_from(families[b.draw(rs.sampled_from(draws))])))
         if ref is not None:
             built.append(ref)
     if not built:
         reject()
-    outputs = {"y": built[-1]}
-    if len(built) > 1 and draw(st.integers(0, 2)) == 0:
-        outputs["z"] = built[draw(st.integers(0, len(built) - 2))]
+    # Every value nothing consumes is an output (so no op is dead code), and sometimes an inner one too.
+    consumed = {r for n in b.nodes for r in n.inputs}
+    sinks = [ref for ref in built if ref not in consumed]
+    outputs = {f"y{k}": ref for k, ref in enumerate(sinks)}
+    inner = [ref for ref in built if ref in consumed]
+    if inner and draw(st.integers(0, 3)) == 3:
+        outputs[f"y{len(outputs)}"] = inner[draw(st.integers(0, len(inner) - 1))]
+    rng = np.random.default_rng([seed, 1])  # the inputs' values and seeds
     values = {}
     for name, x in b.inputs.items():  # item by item: a sampler's spacing is per item
         items = [x.sampler(rng, x.shape) for _ in np.ndindex(*x.lead)]
