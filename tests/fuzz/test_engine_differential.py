@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from importlib import metadata
 
@@ -123,7 +124,7 @@ def failure(transport: str, kind: str) -> type:
 
 
 @pytest.mark.parametrize("transport", ["inline", "shared_memory"])
-@settings(max_examples=2000 if FUZZ else 400)
+@settings(max_examples=2000 if FUZZ else 300)
 @given(data=st.data())
 def test_real_semiring_against_numpy(clients, vocabulary, transport, data):
     """Each case on every backend (scalar and JIT when the graph's scalar program is small
@@ -155,6 +156,48 @@ def test_real_semiring_against_numpy(clients, vocabulary, transport, data):
             count(f"ms ({backend})", int(1000 * (time.perf_counter() - start)))
 
 
+# ---------------------------------------------------------------- thresholds too costly to cross by size
+
+
+@settings(max_examples=300 if FUZZ else 12)
+@given(data=st.data())
+def test_hot_fused_groups_and_cut_jit_programs(clients, vocabulary, monkeypatch, data):
+    """Two thresholds cost too much to cross by size in a bounded run: a fused group compiles
+    into one numba ufunc after HOT_ELEMENTS (2^22) elements, and the JIT cuts programs past
+    SEGMENT_INSTRUCTIONS (4,000; ~7 ms an instruction to compile). Lowered here (0 and 24) in
+    this in-process server, every fused group compiles in the background at once and every
+    JIT program of more than 24 instructions is cut into functions: each case runs before
+    and after its groups compiled (tensor), and cut (jit), against the reference."""
+    from semigrad_server.runtime import fusion, jit
+
+    monkeypatch.setattr(fusion, "HOT_ELEMENTS", 0)
+    monkeypatch.setattr(jit, "SEGMENT_INSTRUCTIONS", 24)
+    compiled = []  # (group root, finished event)
+    compile_group = fusion.compile_group
+
+    def recorded(group, signature):
+        done = threading.Event()
+        compiled.append((group.root, done))
+        try:
+            return compile_group(group, signature)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(fusion, "compile_group", recorded)
+    case = data.draw(cases(vocabulary), label="case")
+    reference = Reference(case, sample_items(case, np.random.default_rng(0)), np.random.default_rng(1))
+    graphs = {"inline": clients["inline"].register(case.client_graph())}
+    run_config(case, graphs, "tensor", "inline", "unary", None, reference)  # groups run member by member
+    for _, done in compiled:
+        assert done.wait(60), "a fused group's background compile did not finish"
+    if compiled:
+        count("graphs with fused groups compiled")
+        run_config(case, graphs, "tensor", "inline", "unary", None, reference)  # now through the ufuncs
+    if case.item_elements() <= JIT_ELEMENTS and (FUZZ or STATS.get("jit graphs cut into segments", 0) < 2):
+        count("jit graphs cut into segments")
+        run_config(case, graphs, "jit", "inline", "unary", None, reference)
+
+
 # ---------------------------------------------------------------- other semirings: path enumeration
 
 
@@ -181,7 +224,7 @@ def semiring_object(name: str, params: dict):
     return _OBJECTS[key]
 
 
-@settings(max_examples=2000 if FUZZ else 30)
+@settings(max_examples=2000 if FUZZ else 100)
 @given(seed=st.integers(0, 10**6), semiring=st.sampled_from(SEMIRINGS),
        backend=st.sampled_from(["auto", "tensor", "scalar"]), transport=st.sampled_from(["inline", "shared_memory"]),
        mode=st.sampled_from(["unary", "stream"]))
