@@ -9,14 +9,18 @@ NumPy reference for them.
   intermediate value). Ops that take attributes (reductions, structural ops, matmul, where,
   comparisons) have builders below that draw their attributes; `Vocabulary.unfuzzed` lists any
   op of the server that neither covers, so a new op without a row fails the suite.
-* `cases(vocabulary)`: a hypothesis strategy of `FuzzCase`s: a graph, input values with batch
-  axes on a random subset of the inputs (weights included, broadcast axes of size 1 included),
-  optional output seeds, and sizes drawn from `DIMS` and `BATCHES`, whose values sit on both
-  sides of the engine's thresholds (see `THRESHOLDS`).
+* `cases(vocabulary)`: a hypothesis strategy of `FuzzCase`s: a graph (chains of ops as users
+  write them, every value nothing consumes an output), input values with batch axes on a random
+  subset of the inputs (weights included, broadcast axes of size 1 included), optional output
+  seeds, and sizes from a drawn regime (`REGIMES`) whose dimensions and batches sit on both
+  sides of the engine's thresholds (test_engine_differential.py checks that they do).
+  Hypothesis draws the regime, batch, number of ops and a seed; the graph comes from a NumPy
+  generator with that seed (hypothesis's own choices repeat near-copies of earlier graphs in a
+  short run).
 * `FuzzCase.forward(item)`: a NumPy interpreter of one batch item (plain NumPy per op, written
-  here, sharing nothing with the server's kernels), and `FuzzCase.check_gradient`: the gradient
-  of Σ seed·outputs against central differences of that interpreter along random directions,
-  item by item.
+  here, sharing nothing with the server's kernels), and `Reference`: each checked item's outputs,
+  and central differences of Σ seed·outputs along a random direction, which the server's
+  gradient of that item must match.
 """
 
 from __future__ import annotations
@@ -30,14 +34,6 @@ from hypothesis import reject, strategies as st
 
 from test_op_gradients import CASES, build, distinct, normal, shifted
 
-# Sizes on both sides of every threshold the engine has (docs/limits.md):
-THRESHOLDS = {
-    "MAX_AUTO_ELEMENTS_PER_NODE": 16,  # auto: scalar program at or below (per compute node), tensor plan above
-    "REUSE_MIN_ELEMENTS": 1 << 15,  # an elementwise step may write into a dying operand's buffer
-    "JIT_MIN_BATCH": 256,  # auto: numba kernel for batches from here
-    "SHARED_MEMORY_THRESHOLD": 128 << 10,  # bytes: the client's "auto" placement
-    "STREAM_CHUNK_BYTES_INLINE": 2 << 20,  # gradient_many's default chunk inline
-}
 # Each case draws a regime: its item dimensions and batch shapes.
 # * "narrow": dimensions up to 5 (scalar programs under auto: at most 16 elements per compute node),
 #   batches on both sides of JIT_MIN_BATCH (255, 256) and with two batch axes;
@@ -50,7 +46,7 @@ REGIMES = {
     "wide": ((1, 2, 3, 4, 5, 17, 64), ((), (2,), (7,), (76,), (77,), (3, 4))),
     "large": ((2, 3, 17, 64, 182), ((), (77,), (255,), (256,), (1000,))),
 }
-LARGE = 1 << 15  # the buffer-reuse threshold (runtime/plan.py REUSE_MIN_ELEMENTS)
+LARGE = 1 << 15  # "large" shapes reach this many elements over the batch (runtime/plan.py REUSE_MIN_ELEMENTS)
 MAX_ITEM_ELEMENTS = 182 * 182  # per value and batch item
 MAX_TOTAL_ELEMENTS = 1 << 19  # per value over the whole batch: bounds the fuzzer's run time
 MAX_OPS = 8

@@ -24,7 +24,7 @@ from importlib import metadata
 import numpy as np
 import pytest
 import semigrad as sg
-from fuzz_graphs import THRESHOLDS, Reference, Vocabulary, cases
+from fuzz_graphs import LARGE, MAX_ITEM_ELEMENTS, MAX_TOTAL_ELEMENTS, REGIMES, Reference, Vocabulary, cases
 from hypothesis import given, note, settings, strategies as st
 from path_reference import over_paths, random_case
 
@@ -65,6 +65,24 @@ def test_every_op_of_the_server_is_fuzzed(vocabulary):
     assert set(vocabulary.unfuzzed) - internal == set(), (
         "ops the fuzzer cannot draw: give each a single-op row in tests/test_op_gradients.py CASES "
         "(elementwise) or a builder in tests/fuzz/fuzz_graphs.py")
+
+
+def test_the_regimes_straddle_the_engines_thresholds():
+    """The sizes the fuzzer draws sit on both sides of each threshold of docs/limits.md that a
+    size crosses (the costly ones are lowered in test_hot_fused_groups_and_cut_jit_programs)."""
+    from semigrad.transport import SHARED_MEMORY_THRESHOLD
+    from semigrad.streaming import STREAM_CHUNK_BYTES_INLINE
+    from semigrad_server.runtime.compiled import JIT_MIN_BATCH
+    from semigrad_server.runtime.plan import REUSE_MIN_ELEMENTS
+    from semigrad_server.runtime.scalarize import MAX_AUTO_ELEMENTS_PER_NODE
+
+    dims = {d for ds, _ in REGIMES.values() for d in ds}
+    batches = {math.prod(b) for _, bs in REGIMES.values() for b in bs}
+    assert min(dims) ** 2 <= MAX_AUTO_ELEMENTS_PER_NODE < max(d for d in dims if d * d <= MAX_ITEM_ELEMENTS) ** 2
+    assert LARGE == REUSE_MIN_ELEMENTS and max(dims) ** 2 >= REUSE_MIN_ELEMENTS > 64 * 64
+    assert JIT_MIN_BATCH - 1 in batches and JIT_MIN_BATCH in batches
+    assert 8 * MAX_TOTAL_ELEMENTS > max(SHARED_MEMORY_THRESHOLD, STREAM_CHUNK_BYTES_INLINE) > 8 * 64
+    assert 77 in batches and 76 in batches  # the issue's shared-memory transformer batch
 
 
 # ---------------------------------------------------------------- running a case
@@ -143,8 +161,8 @@ def test_real_semiring_against_numpy(clients, vocabulary, transport, data):
     reference = Reference(case, sample_items(case, np.random.default_rng(0)), np.random.default_rng(1))
     graphs = {transport: clients[transport].register(case.client_graph())}
     count("graphs")
-    if max(math.prod(case.batch) * math.prod(n.shape) for n in case.nodes) >= THRESHOLDS["REUSE_MIN_ELEMENTS"]:
-        count(f"graphs with a value of ≥ {THRESHOLDS['REUSE_MIN_ELEMENTS']} elements")
+    if max(math.prod(case.batch) * math.prod(n.shape) for n in case.nodes) >= LARGE:
+        count(f"graphs with a value of ≥ {LARGE} elements")
     for backend in backends:
         for mode in ("unary", "stream"):
             if mode == "stream" and first is None:
