@@ -9,8 +9,9 @@ streamed, and compared with an independent reference:
 * every other installed semiring: against brute-force path enumeration (tests/path_reference.py)
   on small graphs.
 
-`make test` runs it bounded (hypothesis profile "ci": fixed seed); `make fuzz` runs many more
-examples with random seeds. The number of cases run is printed at the end of the session.
+`make test` runs it bounded (hypothesis profile "ci": fixed seed, about two minutes on 2 cores);
+`make fuzz` runs many more examples with random seeds (SEMIGRAD_FUZZ_EXAMPLES per test, default
+2,000). The number of cases run is printed at the end of the session.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from path_reference import over_paths, random_case
 from semigrad_server.semiring.loader import GROUP
 
 FUZZ = bool(os.environ.get("SEMIGRAD_FUZZ"))
+# make fuzz: cases per test (SEMIGRAD_FUZZ_EXAMPLES=200 make fuzz for a shorter run)
+FUZZ_EXAMPLES = int(os.environ.get("SEMIGRAD_FUZZ_EXAMPLES", "2000"))
 SCALAR_ELEMENTS = 400  # scalar backend for graphs of at most this many elements per item (all values)
 JIT_ELEMENTS = 80  # the JIT backend for these, on an eighth of them
 JIT_GRAPHS = 4  # and at most this many in a bounded run (a compile takes seconds of a core)
@@ -141,7 +144,7 @@ def failure(transport: str, kind: str) -> type:
 
 
 @pytest.mark.parametrize("transport", ["inline", "shared_memory"])
-@settings(max_examples=2000 if FUZZ else 300)
+@settings(max_examples=FUZZ_EXAMPLES if FUZZ else 300)
 @given(data=st.data())
 def test_real_semiring_against_numpy(clients, vocabulary, transport, data):
     """Each case on every backend (scalar and JIT when the graph's scalar program is small
@@ -176,7 +179,7 @@ def test_real_semiring_against_numpy(clients, vocabulary, transport, data):
 # ---------------------------------------------------------------- thresholds too costly to cross by size
 
 
-@settings(max_examples=300 if FUZZ else 12)
+@settings(max_examples=FUZZ_EXAMPLES // 8 if FUZZ else 12)
 @given(data=st.data())
 def test_hot_fused_groups_and_cut_jit_programs(clients, vocabulary, monkeypatch, data):
     """Two thresholds cost too much to cross by size in a bounded run: a fused group compiles
@@ -241,7 +244,7 @@ def semiring_object(name: str, params: dict):
     return _OBJECTS[key]
 
 
-@settings(max_examples=2000 if FUZZ else 100)
+@settings(max_examples=FUZZ_EXAMPLES if FUZZ else 100)
 @given(seed=st.integers(0, 10**6), semiring=st.sampled_from(SEMIRINGS),
        backend=st.sampled_from(["auto", "tensor", "scalar", "jit"]), transport=st.sampled_from(["inline", "shared_memory"]),
        mode=st.sampled_from(["unary", "stream"]))
