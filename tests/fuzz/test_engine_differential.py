@@ -37,7 +37,7 @@ FUZZ = bool(os.environ.get("SEMIGRAD_FUZZ"))
 FUZZ_EXAMPLES = int(os.environ.get("SEMIGRAD_FUZZ_EXAMPLES", "2000"))
 SCALAR_ELEMENTS = 400  # scalar backend for graphs of at most this many elements per item (all values)
 JIT_ELEMENTS = 80  # the JIT backend for these, on an eighth of them
-JIT_GRAPHS = 4  # and at most this many in a bounded run (a compile takes seconds of a core)
+JIT_GRAPHS = 2  # and at most this many in a bounded run (a compile takes seconds of a core)
 CHECKED_ITEMS = 48  # batch items compared with the reference per call (first, last, and a random sample)
 STATS: dict[str, int] = {}
 
@@ -144,7 +144,7 @@ def failure(transport: str, kind: str) -> type:
 
 
 @pytest.mark.parametrize("transport", ["inline", "shared_memory"])
-@settings(max_examples=FUZZ_EXAMPLES if FUZZ else 300)
+@settings(max_examples=FUZZ_EXAMPLES if FUZZ else 200)
 @given(data=st.data())
 def test_real_semiring_against_numpy(clients, vocabulary, transport, data):
     """Each case on every backend (scalar and JIT when the graph's scalar program is small
@@ -213,7 +213,7 @@ def test_hot_fused_groups_and_cut_jit_programs(clients, vocabulary, monkeypatch,
     if compiled:
         count("graphs with fused groups compiled")
         run_config(case, graphs, "tensor", "inline", "unary", None, reference)  # now through the ufuncs
-    if case.item_elements() <= JIT_ELEMENTS and (FUZZ or STATS.get("jit graphs cut into segments", 0) < 2):
+    if case.item_elements() <= JIT_ELEMENTS and (FUZZ or STATS.get("jit graphs cut into segments", 0) < 1):
         count("jit graphs cut into segments")
         run_config(case, graphs, "jit", "inline", "unary", None, reference)
 
