@@ -23,14 +23,21 @@ SHELL := /bin/bash
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := test
 
-.PHONY: venv serve test fuzz proto bench clean distclean
+.PHONY: venv serve test fuzz loadtest proto bench clean distclean
 
-# Graphviz's dot program renders pictures (RegisteredGraph.render, `semigrad viz`); installed from
-# Debian's packages where possible, never failing the build (without it those tests are skipped).
+# Programs from Debian's packages, installed where possible, never failing the build (without one,
+# the tests that need it are skipped): Graphviz's dot renders pictures (RegisteredGraph.render,
+# `semigrad viz`); redis-server is the shared graph store of replicas and haproxy the gRPC load
+# balancer in front of them (tests/test_stores.py, tests/test_replicas.py; docs/deploying.md).
+SYSTEM_PROGRAMS := dot:graphviz redis-server:redis-server haproxy:haproxy
 venv: $(STAMP)
-	@command -v dot >/dev/null || (command -v apt-get >/dev/null && (apt-get install -y -q graphviz || \
-	  (apt-get update -q && apt-get install -y -q graphviz)) >/dev/null 2>&1) || \
-	  echo "note: Graphviz's dot program is not installed; picture tests will be skipped"
+	@for pair in $(SYSTEM_PROGRAMS); do \
+	  program=$${pair%%:*}; package=$${pair##*:}; \
+	  command -v $$program >/dev/null || [ -x /usr/sbin/$$program ] || \
+	  (command -v apt-get >/dev/null && (DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$package || \
+	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$package)) >/dev/null 2>&1) || \
+	  echo "note: $$program (Debian package $$package) is not installed; the tests that need it will be skipped"; \
+	done
 
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +45,7 @@ $(VENV_PY):
 # Reinstalls whenever pyproject.toml or a plugin's pyproject.toml changes.
 $(STAMP): pyproject.toml $(PLUGIN_PYPROJECTS) | $(VENV_PY)
 	$(VENV_PY) -m pip install --upgrade pip
-	$(VENV_PY) -m pip install -e '.[dev]'
+	$(VENV_PY) -m pip install -e '.[dev,torch]'
 	for f in plugins/*/pyproject.toml; do \
 	  [ -e "$$f" ] || continue; \
 	  $(VENV_PY) -m pip install -e "$$(dirname "$$f")"; \
@@ -55,6 +62,11 @@ test: venv
 # them bounded, with a fixed seed).
 fuzz: venv
 	SEMIGRAD_FUZZ=1 $(VENV_PY) -m pytest -q tests/fuzz $(PYTEST_ARGS)
+
+# Three replicas on one Redis behind HAProxy (tests/test_replicas.py) with the acceptance load of
+# issue 16: 8 clients x 1,000 mixed calls per phase (make test runs 8 x 24).
+loadtest: venv
+	SEMIGRAD_REPLICA_CALLS=1000 $(VENV_PY) -m pytest -q tests/test_replicas.py $(PYTEST_ARGS)
 
 proto: venv
 	$(VENV_PY) -m grpc_tools.protoc -I proto --python_out=client --grpc_python_out=client --pyi_out=client $(PROTOS)

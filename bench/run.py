@@ -16,6 +16,7 @@ BENCHES = [
     "suite",  # semigrad vs peers on every workload (det-by-minors n = 4..7 included); writes RESULTS.md
     "semiring_cost",
     "stream_chunks",
+    "inprocess",  # the in-process client's call overhead against the engine and JAX jit(grad)
 ]
 # bench/det_minors.py still runs on its own (its in-process/gRPC det figures are part of suite.py's)
 

@@ -1,6 +1,7 @@
 """The client works without the server's dependencies: a child process where importing sympy or
 semigrad_server fails builds, registers, evaluates and differentiates a graph against the test
-server. And the client distribution declares only grpcio, protobuf and numpy."""
+server, and `Client()` without an address (the engine in process) says it needs the server package or
+an address. And the client distribution declares only grpcio, protobuf and numpy."""
 
 from __future__ import annotations
 
@@ -42,7 +43,15 @@ with sg.Client(address, timeout=30) as client:
     f = client.register(g)
     value = f.evaluate({"A": matrix})["det"]
     grad = f.gradient({"A": matrix})["A"]
+attempts_before_local = list(attempts)
+try:  # the engine in this process needs the server package: the thin client says so
+    sg.Client()
+    local_error = None
+except ImportError as e:
+    local_error = str(e)
 print(json.dumps({
+    "local_error": local_error,
+    "attempts_before_local": attempts_before_local,
     "det": float(value),
     "grad": grad.tolist(),
     "loaded": sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED),
@@ -61,6 +70,9 @@ def test_client_without_sympy_or_server_package(server_address, rng):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
 
     assert result["loaded"] == []
+    assert result["attempts_before_local"] == []  # a remote client never even tries the server package
+    assert "needs the server package" in result["local_error"]
+    assert "semigrad.Client('host:port')" in result["local_error"]
     assert Path(result["semigrad_file"]).resolve().is_relative_to(ROOT / "client" / "semigrad")
     (a, b), (c, d) = matrix
     np.testing.assert_allclose(result["det"], a * d - b * c, rtol=1e-14, atol=1e-15)
@@ -83,3 +95,12 @@ def test_client_pyproject_depends_only_on_grpcio_protobuf_numpy():
     assert names == {"grpcio", "protobuf", "numpy"}
     for extra in project.get("optional-dependencies", {}).values():
         assert not any(req.lower().startswith(("sympy", "semigrad")) for req in extra)
+
+
+def test_client_pyproject_lists_every_package():
+    """The thin client's distribution ships every package of client/semigrad (a subpackage left
+    out would make `import semigrad` fail in a client-only install)."""
+    listed = set(tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {".".join(init.parent.relative_to(ROOT / "client").parts)
+                for init in (ROOT / "client" / "semigrad").rglob("__init__.py")}
+    assert packages == listed

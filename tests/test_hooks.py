@@ -43,6 +43,12 @@ def chain(client):
 
 
 @pytest.fixture
+def remote_chain(remote_client):
+    """The chain on the test server, for tests that also reach that server another way."""
+    return remote_client.register(chain_graph())
+
+
+@pytest.fixture
 def point(rng):
     return {"x": rng.normal(size=3), "y": rng.normal(size=3) * 2}
 
@@ -159,7 +165,8 @@ def test_a_client_error_ends_the_call_with_that_error(chain, point):
     np.testing.assert_allclose(chain.gradient(point)["x"], real_expectations(**point)["x"], rtol=1e-12)
 
 
-def test_a_deadline_while_the_client_hook_runs(server_address, chain, point):
+def test_a_deadline_while_the_client_hook_runs(server_address, remote_chain, point):
+    chain = remote_chain
     with sg.Client(server_address, timeout=0.5) as impatient:
         f = impatient.get_graph(chain.id)
         with pytest.raises(sg.DeadlineExceeded):
@@ -168,7 +175,8 @@ def test_a_deadline_while_the_client_hook_runs(server_address, chain, point):
     assert chain.gradient(point)["x"].shape == (3,)
 
 
-def test_a_client_that_disconnects_mid_backward_leaves_the_server_healthy(server_address, chain, point):
+def test_a_client_that_disconnects_mid_backward_leaves_the_server_healthy(server_address, remote_chain, point):
+    chain = remote_chain
     request = pb.GradientRequest(graph_id=chain.id, inputs={k: codec.to_tensor(v) for k, v in point.items()},
                                  hooks=[pb.HookAttachment(node="a", kind="post", client=True)])
     channel = grpc.insecure_channel(server_address)
@@ -188,9 +196,10 @@ def test_a_client_that_disconnects_mid_backward_leaves_the_server_healthy(server
     np.testing.assert_allclose(chain.gradient(point)["x"], real_expectations(**point)["x"], rtol=1e-12)
 
 
-def test_a_client_that_closes_its_stream_with_a_hook_call_unanswered_gets_invalid_argument(server_address, chain,
+def test_a_client_that_closes_its_stream_with_a_hook_call_unanswered_gets_invalid_argument(server_address, remote_chain,
                                                                                             point):
     """At once, not at the deadline: no reply can come (found by tests/hostile, which got CANCELLED)."""
+    chain = remote_chain
     request = pb.GradientRequest(graph_id=chain.id, inputs={k: codec.to_tensor(v) for k, v in point.items()},
                                  hooks=[pb.HookAttachment(node="a", kind="post", client=True)])
     with grpc.insecure_channel(server_address) as channel:

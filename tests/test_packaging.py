@@ -111,6 +111,8 @@ def test_dockerfile():
     assert cmd[:2] == ["semigrad", "serve"]
     assert _serve_port(cmd) == CLI_DEFAULT_PORT
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0"), "the image must run as a non-root user"
 
 
 def test_compose_port_matches_serve_command():
@@ -175,6 +177,7 @@ def test_pyproject_metadata():
     find = _pyproject()["tool"]["setuptools"]["packages"]["find"]
     assert find["where"] == ["client", "server"]
     assert "torch==2.13.0" in project["optional-dependencies"]["bench"]
+    assert project["optional-dependencies"]["torch"] == ["torch==2.13.0"]  # the CPU build: sg.from_torch
     for heavy in ("torch", "jax", "jaxlib", "casadi", "symengine"):
         assert not any(req.startswith(heavy) for req in project["dependencies"])
         assert not any(req.startswith(heavy) for req in project["optional-dependencies"]["dev"])

@@ -201,6 +201,8 @@ def test_a_killed_worker_is_replaced_and_the_service_keeps_answering(tmp_path):
         before = wait_for(lambda: worker_pids(process.pid) if len(worker_pids(process.pid)) == 2 else None,
                           "2 workers")
         victim = min(before)
+        with open(f"/proc/{victim}/environ", "rb") as f:  # one worker per CPU: BLAS on one thread each
+            assert b"OPENBLAS_NUM_THREADS=1" in f.read().split(b"\0")
         os.kill(victim, signal.SIGKILL)
         for _ in range(20):  # fresh connections while the worker is gone and after: the survivor answers
             with sg.Client(address, timeout=10) as client:

@@ -18,7 +18,7 @@ from semigrad import shared_memory as sm
 from semigrad.shared_memory import SHM_DIR, Region, is_local_target
 from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
-from semigrad_server.errors import InvalidArgument
+from semigrad_server.errors import InvalidArgument, ResourceExhausted
 from semigrad_server.limits import Limits
 from semigrad_server.service import build_server
 from semigrad_server.service.shared_memory import SharedMemory
@@ -47,6 +47,12 @@ def inline_client(server_address):
 
 
 @pytest.fixture
+def client(remote_client):
+    """Shared memory is a remote client's; these tests also talk to the server through `stub`."""
+    return remote_client
+
+
+@pytest.fixture
 def stub(server_address):
     with grpc.insecure_channel(server_address) as channel:
         yield pb_grpc.GraphServiceStub(channel)
@@ -63,7 +69,12 @@ def put(region: Region, array: np.ndarray, offset: int) -> pb.Tensor:
     """Write `array` (float64) into the region at `offset`; the Tensor referencing it."""
     region.array(np.dtype("<f8"), array.shape, offset)[...] = array
     return pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=array.shape,
-                     shared=pb.SharedMemoryRef(region=region.name, offset=offset))
+                     shared=pb.SharedMemoryRef(region=region.name, offset=offset, capability=region.capability))
+
+
+def room(region: Region, offset: int, capacity: int) -> pb.SharedMemoryRegion:
+    """An output region of `capacity` bytes at `offset`, with the region's capability."""
+    return pb.SharedMemoryRegion(region=region.name, offset=offset, capacity=capacity, capability=region.capability)
 
 
 def read(region: Region, tensor: pb.Tensor) -> np.ndarray:
@@ -203,14 +214,13 @@ def test_auto_mode_uses_shared_memory_for_large_calls_only(server_address, rng):
 def test_the_server_answers_with_references_into_the_output_region(server_address, stub, region, rng):
     f = sg.Client(server_address).register(det_graph(4))
     batch = rng.normal(size=(100, 4, 4))
-    request = pb.GradientRequest(graph_id=f.id, inputs={"A": put(region, batch, 0)}, return_outputs=True,
-                                 output_region=pb.SharedMemoryRegion(region=region.name, offset=batch.nbytes,
-                                                                     capacity=region.size - batch.nbytes))
+    request = pb.GradientRequest(graph_id=f.id, inputs={"A": put(region, batch, 64)}, return_outputs=True,
+                                 output_region=room(region, 64 + batch.nbytes, region.size - 64 - batch.nbytes))
     response = stub.Gradient(request)
     tensors = [response.gradients["A"], response.outputs["det"]]
     assert [t.WhichOneof("payload") for t in tensors] == ["shared", "shared"]
     offsets = [t.shared.offset for t in tensors]
-    assert all(o % 64 == 0 and o >= batch.nbytes for o in offsets)
+    assert all(o % 64 == 0 and o >= 64 + batch.nbytes for o in offsets)
     assert offsets[1] >= offsets[0] + batch.nbytes  # one after another, no overlap
     np.testing.assert_allclose(read(region, tensors[0]), det_gradient(batch), rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(read(region, tensors[1]), np.linalg.det(batch), rtol=1e-10, atol=1e-12)
@@ -221,9 +231,8 @@ def test_an_output_region_too_small_sends_the_rest_inline(server_address, stub, 
     f = sg.Client(server_address).register(det_graph(4))
     batch = rng.normal(size=(16, 4, 4))
     start = 4096
-    request = pb.GradientRequest(graph_id=f.id, inputs={"A": put(region, batch, 0)}, return_outputs=True,
-                                 output_region=pb.SharedMemoryRegion(region=region.name, offset=start,
-                                                                     capacity=capacity))
+    request = pb.GradientRequest(graph_id=f.id, inputs={"A": put(region, batch, 64)}, return_outputs=True,
+                                 output_region=room(region, start, capacity))
     response = stub.Gradient(request)
     grads, det = response.gradients["A"], response.outputs["det"]
     for t in (grads, det):
@@ -257,27 +266,26 @@ def test_the_server_does_not_modify_input_regions(server_address, stub, region, 
     f = sg.Client(server_address).register(det_graph(3))
     batch = rng.normal(size=(500, 3, 3))
     tensor = put(region, batch, 128)
-    before = region.array(np.dtype("u1"), (region.size,), 0).copy()
+    before = region.array(np.dtype("u1"), (region.size - 64,), 64).copy()
     request = pb.GradientRequest(graph_id=f.id, inputs={"A": tensor}, return_outputs=True,
-                                 output_region=pb.SharedMemoryRegion(region=region.name, offset=65536,
-                                                                     capacity=region.size - 65536))
+                                 output_region=room(region, 65536, region.size - 65536))
     response = stub.Gradient(request)
-    after = region.array(np.dtype("u1"), (region.size,), 0)
-    np.testing.assert_array_equal(after[:65536], before[:65536])  # the inputs' bytes and everything before
+    after = region.array(np.dtype("u1"), (region.size - 64,), 64)
+    np.testing.assert_array_equal(after[:65536 - 64], before[:65536 - 64])  # the inputs' bytes and all before
     np.testing.assert_allclose(read(region, response.gradients["A"]), det_gradient(batch), rtol=1e-9, atol=1e-11)
 
 
-def test_the_server_reads_inputs_as_read_only_views(region):
+def test_the_server_reads_inputs_as_read_only_copies(region):
     shared = SharedMemory()
     tensor = put(region, np.arange(6.0).reshape(2, 3), 64)
-    with shared.session() as session:
+    with shared.session("unix:") as session:
         array = session.array(tensor, "input 'x'")
         np.testing.assert_array_equal(array, np.arange(6.0).reshape(2, 3))
         assert not array.flags.writeable
         with pytest.raises(ValueError):
-            array.flags.writeable = True
-        with pytest.raises(ValueError):
             array[0, 0] = 1.0
+        region.array(np.dtype("<f8"), (6,), 64)[:] = -1.0  # the client writes on: the server's copy stays
+        np.testing.assert_array_equal(array, np.arange(6.0).reshape(2, 3))
     shared.close()
 
 
@@ -305,11 +313,13 @@ def test_a_bad_output_region_name_is_invalid_argument(stub, client, rng):
     still_serving(client, rng)
 
 
-@pytest.mark.parametrize("offset,shape", [((1 << 20) - 8, (2, 2)), (1 << 40, (1,)), (0, (1 << 17 + 1, 2)), (4, (2, 2))])
+@pytest.mark.parametrize("offset,shape", [((1 << 20) - 8, (2, 2)), (1 << 40, (1,)), (64, (1 << 17 + 1, 2)),
+                                          (68, (2, 2)), (0, (2, 2)), (56, (1,))])
 def test_a_tensor_outside_its_region_is_invalid_argument(stub, client, region, rng, offset, shape):
+    """Past the end, misaligned, or in the region's header (bytes 0..64)."""
     f = client.register(det_graph(2))
-    tensor = pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=shape, shared=pb.SharedMemoryRef(region=region.name,
-                                                                                      offset=offset))
+    tensor = pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=shape, shared=pb.SharedMemoryRef(
+        region=region.name, offset=offset, capability=region.capability))
     error = rpc_error(lambda: stub.Gradient(pb.GradientRequest(graph_id=f.id, inputs={"A": tensor})))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "input 'A'" in error.details() and region.name in error.details()
@@ -318,10 +328,11 @@ def test_a_tensor_outside_its_region_is_invalid_argument(stub, client, region, r
 
 def test_an_output_region_past_the_end_or_over_the_inputs_is_invalid_argument(stub, client, region, rng):
     f = client.register(det_graph(2))
-    tensor = put(region, rng.normal(size=(10, 2, 2)), 0)
+    tensor = put(region, rng.normal(size=(10, 2, 2)), 64)
     for output_region, expected in [
-            (pb.SharedMemoryRegion(region=region.name, offset=4096, capacity=region.size), "past the end"),
-            (pb.SharedMemoryRegion(region=region.name, offset=64, capacity=4096), "overlap input 'A'")]:
+            (room(region, 4096, region.size), "past the end"),
+            (room(region, 128, 4096), "overlap input 'A'"),
+            (room(region, 0, 4096), "header")]:
         request = pb.GradientRequest(graph_id=f.id, inputs={"A": tensor}, output_region=output_region)
         error = rpc_error(lambda: stub.Gradient(request))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -378,7 +389,7 @@ def test_a_region_shrunk_after_use_is_checked_again(stub, client, rng):
 
 def test_shared_tensors_are_refused_where_they_are_not_accepted(stub, client, region, rng):
     f = client.register(det_graph(2))
-    tensor = put(region, rng.normal(size=(2, 2)), 0)
+    tensor = put(region, rng.normal(size=(2, 2)), 64)
     error = rpc_error(lambda: stub.CrossCheck(pb.CrossCheckRequest(graph_id=f.id, inputs={"A": tensor})))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "input 'A'" in error.details() and "only accepted" in error.details()
@@ -387,9 +398,25 @@ def test_shared_tensors_are_refused_where_they_are_not_accepted(stub, client, re
 
 def test_element_limits_still_apply(region):
     shared = SharedMemory()
-    big = pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=[1 << 62], shared=pb.SharedMemoryRef(region=region.name))
-    with shared.session() as session, pytest.raises(InvalidArgument, match="past the end"):
+    big = pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=[1 << 62], shared=pb.SharedMemoryRef(
+        region=region.name, offset=64, capability=region.capability))
+    with shared.session("unix:") as session, pytest.raises(InvalidArgument, match="past the end"):
         session.array(big, "input 'x'")
+    shared.close()
+
+
+def test_the_elements_copied_out_of_regions_are_bounded_per_request(region):
+    """max_request_elements bounds the copies out of shared memory before they are allocated:
+    at the limit the request reads, one element past it is RESOURCE_EXHAUSTED naming the input."""
+    shared = SharedMemory(max_elements=100)
+    values = np.arange(100.0)
+    with shared.session("unix:") as session:
+        np.testing.assert_array_equal(session.array(put(region, values[:60], 64), "input 'a'"), values[:60])
+        np.testing.assert_array_equal(session.array(put(region, values[60:], 1024), "input 'b'"), values[60:])
+    with shared.session("unix:") as session:
+        session.array(put(region, values[:60], 64), "input 'a'")
+        with pytest.raises(ResourceExhausted, match="input 'b'.*100 elements"):
+            session.array(put(region, np.arange(41.0), 1024), "input 'b'")
     shared.close()
 
 
@@ -425,7 +452,7 @@ def test_a_disabled_server_refuses_output_regions_too(disabled_address, region, 
         stub = pb_grpc.GraphServiceStub(channel)
         f = sg.Client(disabled_address).register(det_graph(2))
         request = pb.EvaluateRequest(graph_id=f.id, inputs={"A": codec.to_tensor(rng.normal(size=(2, 2)))},
-                                     output_region=pb.SharedMemoryRegion(region=region.name, capacity=4096))
+                                     output_region=room(region, 64, 4096))
         error = rpc_error(lambda: stub.Evaluate(request))
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "disabled" in error.details()
 
@@ -528,65 +555,42 @@ def test_results_held_after_the_client_is_dropped_stay_valid_and_free_their_regi
     assert not any(os.path.exists(os.path.join(SHM_DIR, n)) for n in names)
 
 
-def test_the_server_keeps_a_bounded_cache_of_mappings_and_drops_removed_regions(monkeypatch):
+def test_the_server_keeps_a_bounded_cache_of_open_regions_and_drops_removed_ones(monkeypatch):
     from semigrad_server.service import shared_memory as server_shm
 
     monkeypatch.setattr(server_shm, "SWEEP_SECONDS", 0.0)
-    shared = SharedMemory(max_mappings=2)
+    shared = SharedMemory(max_open=2)
     regions = [Region(4096) for _ in range(3)]
     values = [np.full(4, float(i)) for i in range(3)]
     tensors = [put(r, v, 64) for r, v in zip(regions, values)]
-    with shared.session() as first:
+    with shared.session("unix:") as first:
         held = first.array(tensors[0], "input 'x'")
         for t in tensors[1:]:  # evicts the first region's mapping, which this session still uses
-            with shared.session() as other:
+            with shared.session("unix:") as other:
                 other.array(t, "input 'x'")
-        assert shared.mapped() == [r.name for r in regions[1:]]
+        assert shared.opened() == [r.name for r in regions[1:]]
         np.testing.assert_array_equal(held, values[0])
     regions[1].close()  # its client removed it: the next request drops the mapping
-    with shared.session() as session:
+    with shared.session("unix:") as session:
         np.testing.assert_array_equal(session.array(tensors[2], "input 'x'"), values[2])
-    assert shared.mapped() == [regions[2].name]
+    assert shared.opened() == [regions[2].name]
     shared.close()
     for r in regions:
         r.close()
 
 
-@pytest.mark.parametrize("backend", ["tensor", "jit"])
-def test_results_computed_in_the_output_region_are_not_copied_again(server_address, stub, region, rng,
-                                                                     monkeypatch, backend):
-    """With an output region offered, kernels write their results straight into it (the tensor
-    plan's final ufunc steps, the JIT's row-major kernels); the response references them there."""
-    if backend == "jit":
-        pytest.importorskip("numba")
-        from semigrad_server.runtime import jit
+@pytest.mark.parametrize("io_bytes", [64, 800, 1 << 30])
+def test_copies_larger_than_one_system_call_are_split(region, monkeypatch, io_bytes):
+    """Tensors of 800 bytes read and written in calls of MAX_IO_BYTES: 64 (13 calls), 800 (one),
+    the default (one)."""
+    from semigrad_server.service import shared_memory as server_shm
 
-        monkeypatch.setattr(jit, "LAYOUTS", ("tiles",))  # row-major results (columns would be copied)
-    from semigrad_server.service import shared_memory as server_sm
-
-    g = sg.Graph()
-    x = g.input("x", (4,))
-    g.output("outer", sg.reshape(x, (4, 1)) * sg.reshape(x, (1, 4)) + (1.0 if backend == "jit" else 0.0))
-    f = sg.Client(server_address).register(g)  # (a graph of each test's own: its kernels compile here)
-    xs = rng.normal(size=(300, 4))
-    in_place = []
-    original = server_sm.Writer.place
-
-    def place(self, value):
-        in_place.append(np.asarray(value).__array_interface__["data"][0] in self._allocated)
-        return original(self, value)
-
-    monkeypatch.setattr(server_sm.Writer, "place", place)
-    request = pb.GradientRequest(graph_id=f.id, inputs={"x": put(region, xs, 0)}, return_outputs=True,
-                                 backend=backend, output_region=pb.SharedMemoryRegion(
-                                     region=region.name, offset=65536, capacity=region.size - 65536))
-    for _ in range(2):  # the JIT compiles on the first request
-        in_place.clear()
-        response = stub.Gradient(request)
-    assert any(in_place), in_place
-    offset = 1.0 if backend == "jit" else 0.0
-    np.testing.assert_allclose(read(region, response.outputs["outer"]), xs[:, :, None] * xs[:, None, :] + offset,
-                               rtol=1e-15)
-    np.testing.assert_allclose(read(region, response.gradients["x"]), 2 * xs.sum(axis=1, keepdims=True) * np.ones(4),
-                               rtol=1e-13)
-    np.testing.assert_array_equal(region.array(np.dtype("<f8"), xs.shape, 0), xs)  # the inputs are as they were
+    monkeypatch.setattr(server_shm, "MAX_IO_BYTES", io_bytes)
+    values = np.arange(100.0) - 7.5
+    shared = SharedMemory()
+    with shared.session("unix:") as session:
+        array = session.array(put(region, values, 64), "input 'x'")
+        np.testing.assert_array_equal(array, values)
+        tensor = session.writer(room(region, 4096, 4096)).place(array * 2)
+    np.testing.assert_array_equal(read(region, tensor), values * 2)
+    shared.close()

@@ -323,7 +323,8 @@ def test_shared_memory_tensors_of_impossible_shapes_are_invalid_argument(stub, s
 
     region = Region(1 << 16)
     try:
-        tensor = pb.Tensor(dtype=F64, shape=shape, shared=pb.SharedMemoryRef(region=region.name, offset=0))
+        tensor = pb.Tensor(dtype=F64, shape=shape, shared=pb.SharedMemoryRef(region=region.name, offset=64,
+                                                                               capability=region.capability))
         for inline in (False, True):
             if inline:
                 tensor = pb.Tensor(dtype=F64, shape=shape, data=b"")

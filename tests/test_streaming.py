@@ -33,8 +33,8 @@ def test_unbatched_inputs_and_batched_seeds_are_split_consistently(client, rng):
     np.testing.assert_allclose(streamed["w"], seeds * xs)
 
 
-def test_an_error_in_one_chunk_does_not_end_the_stream(server_address, client, rng):
-    f = client.register(det_graph(2))
+def test_an_error_in_one_chunk_does_not_end_the_stream(server_address, remote_client, rng):
+    f = remote_client.register(det_graph(2))
     good = codec.to_tensor(rng.normal(size=(4, 2, 2)))
     bad = codec.to_tensor(rng.normal(size=(4, 3, 3)))  # wrong item shape
     requests = [pb.GradientStreamRequest(chunk=k, request=pb.GradientRequest(graph_id=f.id, inputs={"A": t}))
@@ -165,3 +165,74 @@ def test_streamed_results_in_shared_memory_outlive_later_calls(server_address, r
             f.gradient({"A": second})
         np.testing.assert_allclose(kept["A"], det_gradient(first), rtol=1e-9, atol=1e-11)
         kept["A"][:] = 0.0  # lent arrays are the caller's: writable
+
+
+# ------------------------------------------------------------------------------ a stream that breaks
+
+
+@pytest.fixture
+def breaking_server(monkeypatch):
+    """A server whose GradientStream calls, while `breaks[0]` > 0, end with UNAVAILABLE after
+    answering `answer_first` chunks (as when the worker serving them dies); `calls` records the
+    chunk numbers each call was sent."""
+    from semigrad_server.limits import Limits
+    from semigrad_server.service import build_server
+    from semigrad_server.service.servicer import GraphServicer
+
+    state = {"breaks": 0, "answer_first": 2, "calls": []}
+    original = GraphServicer.GradientStream
+
+    def GradientStream(self, request_iterator, context):
+        sent = []
+        state["calls"].append(sent)
+        breaking = state["breaks"] > 0
+        state["breaks"] -= 1
+
+        def recorded():
+            for message in request_iterator:
+                sent.append(message.chunk)
+                yield message
+
+        for answered, response in enumerate(original(self, recorded(), context)):
+            if breaking and answered == state["answer_first"]:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the worker went away")
+            yield response
+
+    monkeypatch.setattr(GraphServicer, "GradientStream", GradientStream)
+    server, port, _ = build_server("127.0.0.1:0", limits=Limits())
+    server.start()
+    yield f"127.0.0.1:{port}", state
+    server.stop(0).wait()
+
+
+@pytest.mark.parametrize("shared_memory", [False, True])
+def test_a_stream_broken_after_some_answers_is_resumed_with_the_rest(breaking_server, rng, shared_memory):
+    address, state = breaking_server
+    state["breaks"] = 2
+    with sg.Client(address, shared_memory=shared_memory) as c:
+        f = c.register(det_graph(3))
+        batch = rng.normal(size=(1000, 3, 3))
+        streamed = f.gradient_many({"A": batch}, chunk_size=100, return_outputs=True, progress=False)
+    np.testing.assert_allclose(streamed["A"], det_gradient(batch), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(streamed.outputs["det"], np.linalg.det(batch), rtol=1e-10, atol=1e-12)
+    first, second, third = state["calls"]
+    assert first[:3] == [0, 1, 2] and second[0] == 2 and third[0] == 4  # answered chunks are not sent again
+    assert sorted(third) == list(range(4, 10))
+
+
+def test_a_stream_that_keeps_breaking_or_with_retries_off_fails_with_unavailable(breaking_server, rng):
+    from semigrad import streaming
+
+    address, state = breaking_server
+    batch = rng.normal(size=(1000, 3, 3))
+    state["breaks"], state["answer_first"] = 100, 1
+    with sg.Client(address, shared_memory=False) as c:
+        f = c.register(det_graph(3))
+        with pytest.raises(sg.Unavailable, match="went away"):
+            f.gradient_many({"A": batch}, chunk_size=100, progress=False)
+    assert len(state["calls"]) == streaming.RESUMES + 1
+    state["calls"].clear()
+    with sg.Client(address, shared_memory=False, options=[("grpc.enable_retries", 0)]) as c:
+        with pytest.raises(sg.Unavailable):
+            c.get_graph(f.id).gradient_many({"A": batch}, chunk_size=100, progress=False)
+    assert len(state["calls"]) == 1

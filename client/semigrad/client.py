@@ -4,6 +4,7 @@ transport.py's job, gradient_many's chunks streaming.py's, hooks run here hook_s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -15,10 +16,11 @@ from .description import GraphDescription
 from .graph import Graph
 from .hook_stream import gradient_with_client_hooks
 from .hooks import attachments
+from .local import LocalTransport
 from .messages import Gradients
 from .reports import CrossCheckReport, SymbolicGradient
 from .specs import OpInfo, SemiringInfo, TensorSpec
-from .transport import DEFAULT_MAX_MESSAGE_BYTES, SHARED_MEMORY_THRESHOLD, Transport, fill
+from .transport import DEFAULT_MAX_MESSAGE_BYTES, SHARED_MEMORY_THRESHOLD, Transport, fill, tls_credentials
 from .v1 import semigrad_pb2 as pb
 from .viz import render_dot
 
@@ -39,13 +41,29 @@ class _OnTransport:
 
 
 class Client:
-    """A connection to a semigrad server.
+    """The semigrad engine: in this process, or a server's.
 
-    ``target`` is "host:port". ``timeout`` is the deadline of every call in seconds (None: no
-    deadline). ``max_message_bytes`` limits sent and received messages; ``options`` are extra
-    gRPC channel options as (key, value) pairs and override the defaults; ``credentials``
-    (grpc.ChannelCredentials) make a secure channel. Use as a context manager, or call close().
-    Failed calls raise :class:`semigrad.SemigradError` subclasses.
+    ``Client()`` without a ``target`` runs the engine in this process (no server, no sockets;
+    needs the full ``semigrad`` install, as it imports the server package); ``Client("host:port")``
+    talks to a server (or, with a gRPC name such as "dns:///semigrad.example:50051", to every
+    address it resolves to, balanced call by call: round_robin, see docs/deploying.md). Both take the same calls and give the same results, errors (class, status
+    code and message), hooks, streams and reports. ``timeout`` is the deadline of every call in
+    seconds (None: no deadline); in this process an answer found after the deadline is refused
+    with DeadlineExceeded too, as gRPC refuses it. ``limits`` (a semigrad_server.limits.Limits)
+    sets the in-process engine's request limits (a server's are options of ``semigrad serve``).
+
+    The rest are a server connection's: ``max_message_bytes`` limits sent and received
+    messages; ``options`` are extra gRPC channel options as (key, value) pairs and override the
+    defaults; ``credentials`` (grpc.ChannelCredentials) make a secure channel. Use as a context
+    manager, or call close(). Failed calls raise :class:`semigrad.SemigradError` subclasses.
+    ``token`` (default ``$SEMIGRAD_TOKEN``) is sent as ``authorization: Bearer`` when the server
+    requires one; ``tls``, ``root_certificates``, ``private_key`` and ``certificate_chain`` make a TLS or
+    mutual-TLS channel.
+
+    ``token``: the bearer token sent with every call (metadata ``authorization: Bearer ...``) to
+    a server with authentication; default ``$SEMIGRAD_TOKEN``. ``tls=True`` makes a TLS channel
+    trusting ``root_certificates`` (PEM bytes or a file path; None: the system's roots); give
+    ``private_key`` and ``certificate_chain`` too for mutual TLS (any of them implies TLS).
 
     ``shared_memory``: pass the tensors of evaluate, gradient and gradient_many calls through
     POSIX shared memory (/dev/shm) instead of the message, for a server on this host running as
@@ -66,7 +84,7 @@ class Client:
 
     def __init__(
         self,
-        target: str,
+        target: str | None = None,
         *,
         timeout: float | None = None,
         options: Iterable[tuple[str, object]] | None = None,
@@ -74,10 +92,32 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         shared_memory: bool | str = "auto",
         shared_memory_threshold: int = SHARED_MEMORY_THRESHOLD,
+        limits=None,
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | str | None = None,
+        private_key: bytes | str | None = None,
+        certificate_chain: bytes | str | None = None,
     ):
+        connection_only = (options or credentials is not None or shared_memory is True or token is not None or tls
+                           or root_certificates is not None or private_key is not None
+                           or certificate_chain is not None)
+        if target is None:
+            if connection_only:
+                raise ValueError("options, credentials, token, TLS and shared_memory=True are a server "
+                                 "connection's: Client() without an address runs the engine in this process")
+            self.transport = LocalTransport(timeout=timeout, limits=limits)
+            return
+        if limits is not None:
+            raise ValueError("limits= sets the in-process engine's limits; a server's are options of "
+                             "`semigrad serve`")
+        if credentials is None and (tls or root_certificates is not None or private_key is not None
+                                    or certificate_chain is not None):
+            credentials = tls_credentials(root_certificates, private_key, certificate_chain)
         self.transport = Transport(target, timeout=timeout, options=options, max_message_bytes=max_message_bytes,
                                    credentials=credentials, shared_memory=shared_memory,
-                                   shared_memory_threshold=shared_memory_threshold)
+                                   shared_memory_threshold=shared_memory_threshold,
+                                   token=token if token is not None else os.environ.get("SEMIGRAD_TOKEN") or None)
 
     def register(self, graph: Graph | pb.Graph) -> RegisteredGraph:
         """Register ``graph`` (a Graph or a semigrad.v1.Graph); equal graphs get equal ids."""
@@ -91,6 +131,11 @@ class Client:
         response = self.transport.call("GetGraph", pb.GetGraphRequest(graph_id=graph_id))
         return RegisteredGraph(self, response.graph_id, response.graph, response.types,
                                created=False, custom_ops=response.custom_ops)
+
+    def delete_graph(self, graph_id: str) -> bool:
+        """Forget this caller's registration of ``graph_id`` (other tenants' registrations of the
+        same graph stay); True when there was one. Deleting twice is not an error."""
+        return self.transport.call("DeleteGraph", pb.DeleteGraphRequest(graph_id=graph_id)).deleted
 
     def list_ops(self) -> list[OpInfo]:
         """Describe every op the server supports."""
@@ -108,8 +153,13 @@ class Client:
         response = self.transport.call("ListSemirings", pb.ListSemiringsRequest())
         return [SemiringInfo.from_proto(s) for s in response.semirings]
 
+    @property
+    def in_process(self) -> bool:
+        """Whether the engine runs in this process (a Client made without an address)."""
+        return isinstance(self.transport, LocalTransport)
+
     def close(self) -> None:
-        """Close the channel and remove the client's shared-memory regions."""
+        """Close the channel and remove the client's shared-memory regions (in process: nothing)."""
         self.transport.close()
 
     def shared_memory_regions(self) -> list[str]:
@@ -152,6 +202,10 @@ class RegisteredGraph:
                              if o.node in self.types}
         # The graph's custom ops as the server describes them (expression, derivative formulas).
         self.custom_ops = {op.name: OpInfo.from_proto(op) for op in custom_ops}
+
+    def delete(self) -> bool:
+        """Forget this registration on the server (see :meth:`Client.delete_graph`)."""
+        return self.client.delete_graph(self.id)
 
     def crosscheck(self, inputs: Mapping[str, object], wrt: str | Iterable[str] | None = None,
                    outputs: str | Iterable[str] | None = None, *, methods: Iterable[str] | None = None,
@@ -247,6 +301,11 @@ class RegisteredGraph:
         if clashes:
             raise ValueError(f"node ids {sorted(clashes)} are also output names")
         arrays = messages.arrays(inputs, self.input_specs)
+        transport = self.client.transport
+        if type(transport) is LocalTransport and arrays.keys() <= self.input_specs.keys():
+            values = transport.evaluate(self.id, arrays, tuple(outputs), tuple(nodes), backend)
+            if values is not None:
+                return values
         request = pb.EvaluateRequest(graph_id=self.id, outputs=outputs, nodes=nodes, backend=backend)
         returned = [*(outputs or (o.name for o in self.graph.outputs)), *nodes]
         expected = lambda: messages.result_bytes(  # noqa: E731
@@ -286,6 +345,20 @@ class RegisteredGraph:
         :class:`ServerHook` runs on the server; what "record" hooks saw is in
         ``gradients.records``.
         """
+        transport = self.client.transport
+        if (type(transport) is LocalTransport and not hooks and semiring == "real"
+                and not (seeds or semiring_params or return_components or best_path or retain)):
+            arrays = messages.arrays(inputs, self.input_specs)
+            if arrays.keys() <= self.input_specs.keys():  # (the hot path: no messages)
+                result = transport.gradient(
+                    self.id, arrays, (wrt,) if isinstance(wrt, str) else tuple(wrt) if wrt else (),
+                    (outputs,) if isinstance(outputs, str) else tuple(outputs) if outputs else (), return_outputs,
+                    backend)
+                if result is not None:
+                    gradients = Gradients(result[0])
+                    gradients.outputs = result[1]
+                    gradients.components, gradients.best_paths, gradients.retained, gradients.records = {}, [], {}, {}
+                    return (gradients, gradients.outputs) if return_outputs else gradients
         wire, local = attachments(hooks)
         request, tensors = messages.gradient_request(self, inputs, wrt, seeds, outputs, return_outputs, semiring,
                                                      semiring_params, return_components, best_path, backend,
@@ -300,7 +373,7 @@ class RegisteredGraph:
         return (gradients, gradients.outputs) if return_outputs else gradients
 
     def gradient_many(self, inputs: Mapping[str, object], chunk_size: int | None = None, *,
-                      progress: bool | None = None, **options) -> Gradients:
+                      progress: bool | None = None, streams: int = 1, **options) -> Gradients:
         """:meth:`gradient` for a large batch, streamed in chunks of ``chunk_size`` items along the
         first batch axis (one GradientStream call): the server works on one chunk while the next
         is on the wire, and no message grows with the batch. ``chunk_size=None`` (default) makes
@@ -310,6 +383,9 @@ class RegisteredGraph:
         ``best_path`` and ``hooks``) and returns the reassembled :class:`Gradients`.
         ``progress``: show a tqdm progress bar (default: when tqdm is installed and there are
         more than 8 chunks). A failing chunk does not stop the others; afterwards the first
-        failure is raised, naming every failed chunk.
+        failure is raised, naming every failed chunk. ``streams``: carry the chunks over this many
+        GradientStream calls at once (chunk k on call k mod streams; with ``chunk_size=None`` at
+        least one chunk per call), so a load balancer or the client's round-robin over replicas
+        spreads one job over several replicas (docs/deploying.md); progress is shown for one stream only.
         """
-        return streaming.gradient_many(self, inputs, chunk_size, progress, options)
+        return streaming.gradient_many(self, inputs, chunk_size, progress, options, streams)

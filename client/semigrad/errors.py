@@ -38,6 +38,12 @@ class FailedPrecondition(SemigradError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class PermissionDenied(SemigradError):
+    """The caller did not prove it may use what it named (a shared-memory region's capability)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class ResourceExhausted(SemigradError):
     """Over a server limit (or a message size limit)."""
 
@@ -74,6 +80,7 @@ _BY_CODE = {
         InvalidArgument,
         NotFound,
         FailedPrecondition,
+        PermissionDenied,
         ResourceExhausted,
         DeadlineExceeded,
         Cancelled,

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import codec, shapes
+from . import codec, numpy_api, shapes
 from . import functions as F  # functions imports this module too: use F at call time only
 from .v1 import semigrad_pb2 as pb
 
@@ -167,7 +167,19 @@ class Handle:
     and arrays mixed in become consts. Handles hash by identity and have no truth value.
     """
 
-    __array_ufunc__ = None  # NumPy arrays and scalars defer to our reflected operators
+    __array_priority__ = 1000  # NumPy arrays and scalars defer to our reflected operators
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """``np.sin(h)``, ``array * h``...: NumPy ufuncs build nodes (see numpy_api.py)."""
+        return numpy_api.array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        """``np.sum(h, axis=0)``, ``np.where(c, h, 0)``...: NumPy functions build nodes (numpy_api.py)."""
+        return numpy_api.array_function(func, args, kwargs)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError(f"{self!r} is a graph value, not an array: it has no value until the graph runs "
+                        "(a NumPy function semigrad does not map tried to convert it)")
     __iter__ = None  # no iteration through __getitem__
     __hash__ = object.__hash__  # __eq__ builds a node, so hash by identity
 
@@ -208,6 +220,24 @@ class Handle:
     __eq__ = _operator("eq")
     __ne__ = _operator("ne")
 
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of {self!r}: " + ("a 0-d value" if self.shape == () else "shape not known"))
+        return self.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        """The number of axes (per item)."""
+        if self.shape is None:
+            raise TypeError(f"the shape of {self!r} is not known client-side")
+        return len(self.shape)
+
+    def transpose(self, *axes, name: str | None = None) -> Handle:
+        """Permute axes (as ``ndarray.transpose``: none reverses them)."""
+        if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
+            (axes,) = axes
+        return F.transpose(self, axes or None, name=name)
+
     def __getitem__(self, key) -> Handle:
         return F.index(self, key)
 
@@ -227,6 +257,10 @@ class Handle:
     def max(self, axis=None, keepdims: bool = False, *, name: str | None = None) -> Handle:
         """Maximum over ``axis``; see :func:`semigrad.max`."""
         return F.max(self, axis, keepdims, name=name)
+
+    def min(self, axis=None, keepdims: bool = False, *, name: str | None = None) -> Handle:
+        """Minimum over ``axis``; see :func:`semigrad.min`."""
+        return F.min(self, axis, keepdims, name=name)
 
     def reshape(self, *shape, name: str | None = None) -> Handle:
         """Reshape to ``shape``, given as ints or as one sequence (one -1 allowed)."""

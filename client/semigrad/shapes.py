@@ -126,3 +126,116 @@ def stack(shapes: Sequence[Shape | None], axis: int) -> Shape | None:
         raise ValueError(f"stack operands must have equal shapes, got {tuple(shapes)}")
     axis = _axis(axis, len(first) + 1)
     return first[:axis] + (len(shapes),) + first[axis:]
+
+
+def along_axis(shape: Shape | None, axis: int) -> Shape | None:
+    """Result shape of an op along one axis that keeps the shape (softmax, log_softmax)."""
+    if shape is None:
+        return None
+    _axis(axis, len(shape))
+    return shape
+
+
+def normalized(shape: Shape | None, axes: Sequence[int]) -> Shape | None:
+    """Result shape of a normalisation over ``axes`` (layer_norm): the shape itself."""
+    if shape is None:
+        return None
+    if not axes:
+        raise ValueError("needs at least one axis")
+    reduce(shape, axes, False)  # checks the axes
+    return shape
+
+
+def _window_out(spatial: Shape, kernel: Shape, stride: Shape, padding: Shape, dilation: Shape) -> Shape:
+    out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
+                for s, k, st, p, d in zip(spatial, kernel, stride, padding, dilation))
+    if any(o < 1 for o in out):
+        raise ValueError(f"kernel {kernel} (dilation {dilation}) does not fit the input {spatial} padded by {padding}")
+    return out
+
+
+def conv(x: Shape | None, w: Shape | None, stride: Shape, padding: Shape, dilation: Shape,
+         groups: int) -> Shape | None:
+    """Result shape of a PyTorch-style convolution (x: N, C, *spatial; w: O, C/groups, *kernel)."""
+    nd = len(stride)
+    for what, s in (("x", x), ("w", w)):
+        if s is not None and len(s) != nd + 2:
+            raise ValueError(f"{what} must have {nd + 2} dimensions, got shape {s}")
+    if x is None or w is None:
+        return None
+    if groups < 1 or x[1] % groups or w[0] % groups or w[1] * groups != x[1]:
+        raise ValueError(f"channels do not fit {groups} group(s): x {x}, w {w}")
+    return (x[0], w[0]) + _window_out(x[2:], w[2:], stride, padding, dilation)
+
+
+def pool(x: Shape | None, kernel: Shape, stride: Shape, padding: Shape) -> Shape | None:
+    """Result shape of PyTorch-style pooling (x: N, C, *spatial)."""
+    nd = len(kernel)
+    if x is None:
+        return None
+    if len(x) != nd + 2:
+        raise ValueError(f"x must have {nd + 2} dimensions, got shape {x}")
+    if any(2 * p > k for p, k in zip(padding, kernel)):
+        raise ValueError(f"padding {padding} must be at most half the kernel size {kernel}")
+    return x[:2] + _window_out(x[2:], kernel, stride, padding, (1,) * nd)
+
+
+def gather(shape: Shape | None, indices: Shape | None, axis: int) -> Shape | None:
+    """Result shape of ``np.take(x, indices, axis)``."""
+    if shape is None or indices is None:
+        return None
+    if not shape:
+        raise ValueError("cannot gather from a 0-d operand")
+    axis = _axis(axis, len(shape))
+    return shape[:axis] + tuple(indices) + shape[axis + 1 :]
+
+
+def scatter_add(updates: Shape | None, indices: Shape | None, size: int, axis: int) -> Shape | None:
+    """Result shape of scattering ``updates`` into ``size`` slots along ``axis`` (the updates'
+    axes ``axis .. axis + len(indices)`` are the indices' shape)."""
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    if updates is None or indices is None:
+        return None
+    q = len(indices)
+    if len(updates) - q + 1 < 1:
+        raise ValueError(f"updates {updates} have fewer axes than the indices {indices}")
+    axis = _axis(axis, len(updates) - q + 1)
+    if tuple(updates[axis : axis + q]) != tuple(indices):
+        raise ValueError(f"updates {updates} do not hold the indices' shape {indices} at axis {axis}")
+    return updates[:axis] + (size,) + updates[axis + q :]
+
+
+def einsum(subscripts: str, shapes: Sequence[Shape | None]) -> Shape | None:
+    """Result shape of ``numpy.einsum(subscripts, ...)`` over explicit letters (no ``...``)."""
+    text = subscripts.replace(" ", "")
+    if "..." in text:
+        raise ValueError("subscripts with '...' are not supported: name every axis with a letter")
+    lhs, arrow, rhs = text.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise ValueError(f"{len(terms)} term(s) in {subscripts!r} for {len(shapes)} operand(s)")
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        if not term.isalpha() and term or len(set(term)) != len(term):
+            raise ValueError(f"term {term!r}: distinct letters only")
+        if shape is None:
+            continue
+        if len(term) != len(shape):
+            raise ValueError(f"term {term!r} for an operand of shape {shape}")
+        for letter, size in zip(term, shape):
+            if sizes.setdefault(letter, size) != size:
+                raise ValueError(f"letter {letter!r} has sizes {sizes[letter]} and {size}")
+    out = rhs if arrow else "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
+    if any(s is None for s in shapes):
+        return None
+    if set(out) - set(sizes) or len(set(out)) != len(out):
+        raise ValueError(f"output {out!r} must use distinct letters of the inputs")
+    return tuple(sizes[c] for c in out)
+
+
+def cumsum(shape: Shape | None, axis: int) -> Shape | None:
+    """Result shape of a running sum along ``axis``: the operand's."""
+    if shape is not None:
+        _axis(axis, len(shape))
+    return shape

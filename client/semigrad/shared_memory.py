@@ -8,6 +8,11 @@ the server for the response. The results are then either lent (unary calls: arra
 region, which goes back to the pool only once the last of them, and every view of them, has
 been garbage-collected; no copy) or copied out (stream chunks, which are concatenated anyway),
 so the caller owns what it gets and a region is never reused under an array.
+
+Every region starts with a 64-byte header holding a random capability (``secrets``, 256 bits)
+that only processes able to read the region can know; each reference the client sends carries
+it, and the server compares it with the header before it reads or writes anything, so naming a
+region is not enough to make the server use it (docs/conventions.md, "Shared memory").
 """
 
 from __future__ import annotations
@@ -34,6 +39,24 @@ PREFIX = "semigrad-"
 ALIGNMENT = 64  # bytes; the server places response tensors at multiples of this too
 MIN_REGION_BYTES = 1 << 20
 MAX_IDLE_REGIONS = 4  # regions a pool keeps between calls; more are removed when given back
+HEADER_BYTES = ALIGNMENT  # a region's header: MAGIC, the capability, zeros; tensors come after it
+MAGIC = b"semigrad-shm-v1\0"
+CAPABILITY_BYTES = 32
+
+
+def header(capability: bytes) -> bytes:
+    """A region's header holding `capability`."""
+    if len(capability) != CAPABILITY_BYTES:
+        raise ValueError(f"a capability has {CAPABILITY_BYTES} bytes, not {len(capability)}")
+    return MAGIC + capability + bytes(HEADER_BYTES - len(MAGIC) - CAPABILITY_BYTES)
+
+
+def header_capability(data: bytes) -> bytes | None:
+    """The capability in a region's header (its first bytes), or None when they are not a header."""
+    end = len(MAGIC) + CAPABILITY_BYTES
+    if len(data) < end or data[:len(MAGIC)] != MAGIC:
+        return None
+    return bytes(data[len(MAGIC):end])
 
 
 def available() -> bool:
@@ -96,17 +119,22 @@ def _remove(path: str, mm: mmap.mmap, pid: int) -> None:
 
 
 class Region:
-    """One shared-memory file, mapped. ``close()`` removes it (also on garbage collection and at exit)."""
+    """One shared-memory file, mapped, its header written. ``close()`` removes it (also on garbage
+    collection and at exit). ``capability``: what references to it must carry."""
 
     def __init__(self, size: int, directory: str = SHM_DIR):
+        if size < HEADER_BYTES:
+            raise ValueError(f"a region has at least {HEADER_BYTES} bytes (its header), not {size}")
         self.name = PREFIX + secrets.token_hex(16)
         self.size = size
+        self.capability = secrets.token_bytes(CAPABILITY_BYTES)
         path = os.path.join(directory, self.name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             # Reserve the pages now: writing into an mmap of a full tmpfs would be SIGBUS, not an error.
             os.posix_fallocate(fd, 0, size)
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._mm[:HEADER_BYTES] = header(self.capability)
         except BaseException:
             os.unlink(path)
             raise
@@ -126,17 +154,17 @@ class Region:
         return self._mm
 
     def array(self, dtype: np.dtype, shape: tuple[int, ...], offset: int) -> np.ndarray:
-        """A writable view of `shape` items of `dtype` at `offset` (bounds-checked)."""
+        """A writable view of `shape` items of `dtype` at `offset` (bounds-checked; never the header)."""
         count = math.prod(shape)
-        if offset < 0 or offset + count * dtype.itemsize > self.size:
+        if offset < HEADER_BYTES or offset + count * dtype.itemsize > self.size:
             raise ValueError(f"{count * dtype.itemsize} bytes at offset {offset} do not fit in region "
                              f"{self.name} ({self.size} bytes)")
         return np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 class RegionPool:
-    """Regions reused across calls; thread-safe. ``acquire`` gives a region of at least n bytes that
-    no other call is using (a new, larger one when the idle ones are too small)."""
+    """Regions reused across calls; thread-safe. ``acquire`` gives a region with at least n bytes
+    after its header that no other call is using (a new, larger one when the idle ones are too small)."""
 
     def __init__(self, directory: str = SHM_DIR, max_idle: int = MAX_IDLE_REGIONS):
         self.directory = directory
@@ -150,7 +178,7 @@ class RegionPool:
         with self._lock:
             if self._closed:
                 raise ValueError("the shared-memory pool is closed")
-            fitting = [r for r in self._idle if r.size >= nbytes]
+            fitting = [r for r in self._idle if r.size - HEADER_BYTES >= nbytes]
             if fitting:
                 region = min(fitting, key=lambda r: r.size)
                 self._idle.remove(region)
@@ -162,7 +190,7 @@ class RegionPool:
                 self._idle.remove(stale)
         if stale is not None:
             stale.close()
-        region = Region(region_size(nbytes), self.directory)
+        region = Region(region_size(nbytes + HEADER_BYTES), self.directory)
         with self._lock:
             if self._closed:
                 region.close()
@@ -207,7 +235,7 @@ class Placement:
 
     def __init__(self, region: Region):
         self.region = region
-        self._next = 0
+        self._next = HEADER_BYTES
         self._output = None  # offset of the output region, once offered
         self._loan = None  # the buffer lent arrays view (a ctypes array over the output region)
 
@@ -219,11 +247,13 @@ class Placement:
         np.copyto(self.region.array(wire, array.shape, offset), array, casting="unsafe")
         self._next = offset + array.size * wire.itemsize
         return pb.Tensor(dtype=codec.dtype_to_proto(name), shape=array.shape,
-                         shared=pb.SharedMemoryRef(region=self.region.name, offset=offset))
+                         shared=pb.SharedMemoryRef(region=self.region.name, offset=offset,
+                                                   capability=self.region.capability))
 
     def output_region(self) -> pb.SharedMemoryRegion:
         self._output = offset = min(aligned(self._next), self.region.size)
-        return pb.SharedMemoryRegion(region=self.region.name, offset=offset, capacity=self.region.size - offset)
+        return pb.SharedMemoryRegion(region=self.region.name, offset=offset, capacity=self.region.size - offset,
+                                     capability=self.region.capability)
 
     def _located(self, tensor: pb.Tensor) -> tuple[np.dtype, tuple[int, ...], int]:
         """dtype, shape and offset of a shared response tensor, checked to lie in the output region."""

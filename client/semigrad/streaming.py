@@ -1,17 +1,19 @@
 """gradient_many: a large batch cut into chunks along its first batch axis, streamed through one
-GradientStream call (a few chunks in flight, each in a shared-memory region of its own or
-inline), and the chunks' results reassembled into arrays for the whole batch."""
+GradientStream call, or several at once (`streams`: calls a load balancer may spread over
+replicas), a few chunks in flight per call, each in a shared-memory region of its own or inline;
+the chunks' results reassembled into arrays for the whole batch."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import codec, messages
-from .errors import SemigradError, error_for_code
+from .errors import SemigradError, Unavailable, error_for_code
 from .messages import Gradients
 from .shared_memory import Placement
 from .specs import TensorSpec
@@ -28,6 +30,10 @@ STREAM_REGIONS = 4  # shared-memory regions one GradientStream keeps in flight (
 # 1-2 MiB (larger messages slow down).
 STREAM_CHUNK_BYTES_SHARED = 64 << 20
 STREAM_CHUNK_BYTES_INLINE = 2 << 20
+# A stream that breaks with UNAVAILABLE after some answers is resumed with the unanswered chunks
+# this many times, after 0.1, 0.2, 0.4, 0.8 s (as transport.RETRY_POLICY retries calls without answers).
+RESUMES = 4
+RESUME_BACKOFF = 0.1
 
 
 class Batch:
@@ -80,17 +86,21 @@ def default_chunk_size(batch: Batch, options: Mapping[str, object], target_bytes
 
 
 def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_size: int | None,
-                  progress: bool | None, options: dict) -> Gradients:
+                  progress: bool | None, options: dict, streams: int = 1) -> Gradients:
     """RegisteredGraph.gradient_many (which documents it)."""
     for option in ("best_path", "hooks"):
         if options.get(option):
             raise TypeError(f"gradient_many does not take {option}=: use gradient")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")
+    if streams < 1:
+        raise ValueError("streams must be at least 1")
     seeds = options.pop("seeds", None) or {}
     batch = Batch(graph, inputs, seeds)
     if chunk_size is None:
         chunk_size = default_chunk_size(batch, options)
+        if streams > 1 and batch.total:  # at least one chunk per stream
+            chunk_size = min(chunk_size, -(-batch.total // streams))
     starts = list(range(0, batch.total, chunk_size))
     if len(starts) <= 1:  # also an empty batch
         gradients = graph.gradient(batch.inputs, seeds=seeds or None, **options)
@@ -98,13 +108,83 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
 
     transport = graph.client.transport
     shared = transport.shared_memory_off is None
+    # Through shared memory, the whole batch's results go into a pooled region too, lent like
+    # gradient's: no fresh memory to fault in on every call.
+    results = transport.placement({}, lambda: messages.gradient_result_bytes(
+        graph, messages.gradient_request(graph, batch.inputs, **options)[0], batch.inputs)) if shared else None
+    assembly = Assembly(batch.total, results.allocate if results is not None else None)
+    failures: list[tuple[int, int, str]] = []
+    streams = min(streams, len(starts))
+    # Stream s carries chunks s, s + streams, ...: each stream is a call of its own, which a load
+    # balancer (or the client's round-robin over replicas) may send to another replica.
+    groups = [list(range(s, len(starts), streams)) for s in range(streams)]
+    show = progress or (progress is None and len(starts) > 8)
+
+    def run_resuming(group: list[int], show_progress: bool) -> None:
+        pending = group  # chunks without an answer yet
+        for resumed in range(RESUMES + 1):
+            answered: set[int] = set()
+            try:
+                _stream(graph, batch, starts, pending, chunk_size, options, shared, assembly, failures,
+                        show_progress, answered)
+                return
+            except Unavailable:
+                # The stream broke after some answers (a worker died, say): gRPC's retry policy does
+                # not replay a call that has had responses, so the chunks still unanswered go again
+                # in a new stream. Chunks are pure functions of their inputs: sending one twice is safe.
+                if not answered or resumed == RESUMES or not transport.retries:
+                    raise
+                pending = [k for k in pending if k not in answered]
+                time.sleep(RESUME_BACKOFF * 2 ** resumed)
+
+    try:
+        if streams == 1:
+            run_resuming(groups[0], show)
+        else:
+            errors: list[BaseException] = []
+
+            def run(group):
+                try:
+                    run_resuming(group, False)
+                except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=run, args=(group,), name="semigrad-stream", daemon=True)
+                       for group in groups]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+    finally:
+        if results is not None:
+            results.finish(transport.release)  # back to the pool now, or once the lent results are gone
+    if shared and any(transport.shared_memory_refused(error_for_code(code, text)) for _, code, text in failures):
+        return gradient_many(graph, inputs, chunk_size, progress, {**options, "seeds": seeds}, streams)
+    if failures:
+        failures.sort()
+        chunk, code, text = failures[0]
+        listed = ", ".join(str(c) for c, _, _ in failures)
+        raise error_for_code(code, f"chunk {chunk} (items {starts[chunk]}..): {text} "
+                                   f"[failed chunks: {listed} of {len(starts)}]")
+    return assembly.result()
+
+
+def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: list[int], chunk_size: int,
+            options: dict, shared: bool, assembly: Assembly, failures: list, show_progress: bool,
+            answered: set[int]) -> None:
+    """One GradientStream call carrying `chunks` (indices into `starts`); their results go into
+    `assembly`, their failures (chunk, code, message) into `failures`, and their chunk numbers into
+    `answered`."""
+    transport = graph.client.transport
     placements: dict[int, Placement] = {}  # chunk -> its region, until its response is read
     in_flight = threading.BoundedSemaphore(STREAM_REGIONS)
     done = threading.Event()
 
     def requests():
-        for k, start in enumerate(starts):
-            chunk_inputs, chunk_seeds = batch.chunk(start, chunk_size)
+        for k in chunks:
+            chunk_inputs, chunk_seeds = batch.chunk(starts[k], chunk_size)
             request, tensors = messages.gradient_request(graph, chunk_inputs, seeds=chunk_seeds, **options)
             placement = None
             if shared:
@@ -123,16 +203,10 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
             fill(request, tensors, placement)
             yield pb.GradientStreamRequest(chunk=k, request=request)
 
-    # Through shared memory, the whole batch's results go into a pooled region too, lent like
-    # gradient's: no fresh memory to fault in on every call.
-    results = transport.placement({}, lambda: messages.gradient_result_bytes(
-        graph, messages.gradient_request(graph, batch.inputs, **options)[0], batch.inputs)) if shared else None
-    assembly = Assembly(batch.total, results.allocate if results is not None else None)
-    failures = []
     try:
         responses = transport.stream("GradientStream", requests())
-        if progress or (progress is None and len(starts) > 8):
-            responses = _progress(responses, len(starts))
+        if show_progress:
+            responses = _progress(responses, len(chunks))
         for message in responses:
             placement = placements.pop(message.chunk, None)
             try:
@@ -141,6 +215,7 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
                 else:  # copied straight from the message or the region into the whole batch's arrays
                     assembly.add(starts[message.chunk], messages.gradients_from(
                         message.response, placement.view if placement is not None else codec.from_tensor))
+                answered.add(message.chunk)
             finally:
                 if placement is not None:
                     placement.finish(transport.release)
@@ -149,16 +224,6 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
         done.set()
         for placement in list(placements.values()):
             placement.finish(transport.release)
-        if results is not None:
-            results.finish(transport.release)  # back to the pool now, or once the lent results are gone
-    if shared and any(transport.shared_memory_refused(error_for_code(code, text)) for _, code, text in failures):
-        return gradient_many(graph, inputs, chunk_size, progress, {**options, "seeds": seeds})
-    if failures:
-        chunk, code, text = failures[0]
-        listed = ", ".join(str(c) for c, _, _ in failures)
-        raise error_for_code(code, f"chunk {chunk} (items {starts[chunk]}..): {text} "
-                                   f"[failed chunks: {listed} of {len(starts)}]")
-    return assembly.result()
 
 
 class Assembly:
@@ -169,16 +234,18 @@ class Assembly:
         self.total = total
         self.allocate = allocate  # (shape, dtype) -> array or None, e.g. in a shared-memory region
         self.arrays: dict[tuple[str, ...], np.ndarray] = {}
+        self._lock = threading.Lock()  # streams in threads of their own add chunks at once
 
     def add(self, start: int, part: Gradients) -> None:
         for key, value in _flat(part).items():
-            whole = self.arrays.get(key)
-            if whole is None:
-                shape = (self.total, *value.shape[1:])
-                whole = self.allocate(shape, value.dtype) if self.allocate is not None else None
+            with self._lock:
+                whole = self.arrays.get(key)
                 if whole is None:
-                    whole = np.empty(shape, dtype=value.dtype)
-                self.arrays[key] = whole
+                    shape = (self.total, *value.shape[1:])
+                    whole = self.allocate(shape, value.dtype) if self.allocate is not None else None
+                    if whole is None:
+                        whole = np.empty(shape, dtype=value.dtype)
+                    self.arrays[key] = whole
             if value.shape[1:] != whole.shape[1:] or start + len(value) > self.total:
                 raise SemigradError(f"chunk at item {start}: {'/'.join(key)} has shape {value.shape}, "
                                     f"which does not fit the batch's {whole.shape}")

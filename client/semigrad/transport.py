@@ -5,7 +5,9 @@ region of the client's shared-memory pool (see shared_memory.py and docs/perform
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 
@@ -32,8 +34,54 @@ Tensors = Mapping[str, Mapping[str, np.ndarray]]  # {request field: {name: array
 # to change it, or ("grpc.enable_retries", 0) to turn it off (docs/conventions.md).
 RETRY_POLICY = {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
                 "retryableStatusCodes": ["UNAVAILABLE"]}
-SERVICE_CONFIG = json.dumps({"methodConfig": [{"name": [{"service": "semigrad.v1.GraphService"}],
-                                               "retryPolicy": RETRY_POLICY}]})
+METHOD_CONFIG = [{"name": [{"service": "semigrad.v1.GraphService"}], "retryPolicy": RETRY_POLICY}]
+SERVICE_CONFIG = json.dumps({"methodConfig": METHOD_CONFIG})
+# A target that may name several servers (dns:///name resolving to every replica, ipv4:a,b) is
+# balanced call by call over all of them (round_robin), rather than pinned to the first (gRPC's
+# default, pick_first); a failed replica leaves the rotation and its calls are retried on others.
+BALANCED_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": METHOD_CONFIG})
+BALANCED_SCHEMES = ("dns:", "ipv4:", "ipv6:")
+AUTHORIZATION = "authorization"
+
+# gRPC's retry policy stops once an answer has begun. Behind an L7 load balancer a replica killed
+# while answering leaves the client a stream that began and then broke: no status from any
+# server, only gRPC's own transport messages with UNKNOWN or INTERNAL. Every semigrad call is
+# idempotent, so such a unary call is made again (twice more at most, after 0.1 s and 0.2 s).
+# Statuses a server sends are never retried here: the server's INTERNAL carries its own message.
+BROKEN_STREAM = re.compile(r"^(Stream removed|Received RST_STREAM|Socket closed|Connection reset|"
+                           r"Received http2 header with status: 50[234])")
+BROKEN_STREAM_ATTEMPTS = 3
+BROKEN_STREAM_BACKOFF = 0.1
+
+
+def broken_stream(error: grpc.RpcError) -> bool:
+    """Whether a failed call's stream broke in transit (see BROKEN_STREAM)."""
+    code = error.code() if hasattr(error, "code") else None
+    details = (error.details() if hasattr(error, "details") else "") or ""
+    return code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL) and BROKEN_STREAM.match(details) is not None
+
+
+def service_config(target: str) -> str:
+    """The default gRPC service config of a channel to `target`: the retry policy, and
+    round_robin for targets that may resolve to several servers."""
+    return BALANCED_SERVICE_CONFIG if target.strip().startswith(BALANCED_SCHEMES) else SERVICE_CONFIG
+
+
+def _pem(value: bytes | str | None) -> bytes | None:
+    """PEM bytes, or the contents of the file a str names."""
+    if value is None or isinstance(value, bytes):
+        return value
+    with open(value, "rb") as f:
+        return f.read()
+
+
+def tls_credentials(root_certificates: bytes | str | None = None, private_key: bytes | str | None = None,
+                    certificate_chain: bytes | str | None = None) -> grpc.ChannelCredentials:
+    """Channel credentials for TLS: the CA to trust (None: the system's roots), and for mutual
+    TLS the client's key and certificate chain (PEM bytes, or paths of PEM files)."""
+    if (private_key is None) != (certificate_chain is None):
+        raise ValueError("mutual TLS needs both a private key and a certificate chain")
+    return grpc.ssl_channel_credentials(_pem(root_certificates), _pem(private_key), _pem(certificate_chain))
 
 
 class Transport:
@@ -42,7 +90,7 @@ class Transport:
 
     def __init__(self, target: str, *, timeout: float | None, options: Iterable[tuple[str, object]] | None,
                  max_message_bytes: int, credentials: grpc.ChannelCredentials | None, shared_memory: bool | str,
-                 shared_memory_threshold: int):
+                 shared_memory_threshold: int, token: str | None = None):
         if shared_memory not in ("auto", True, False):
             raise ValueError(f"shared_memory must be 'auto', True or False, not {shared_memory!r}")
         if shared_memory is True and not shared_memory_available():
@@ -65,9 +113,11 @@ class Transport:
         channel_options = {
             "grpc.max_send_message_length": max_message_bytes,
             "grpc.max_receive_message_length": max_message_bytes,
-            "grpc.service_config": SERVICE_CONFIG,
+            "grpc.service_config": service_config(target),
             **dict(options or ()),
         }
+        # gradient_many resumes a broken stream as gRPC retries a call, unless retries are off
+        self.retries = bool(channel_options.get("grpc.enable_retries", 1))
         channel_options = list(channel_options.items())
         if credentials is None:
             self.channel = grpc.insecure_channel(target, channel_options)
@@ -75,18 +125,24 @@ class Transport:
             self.channel = grpc.secure_channel(target, credentials, channel_options)
         self.stub = pb_grpc.GraphServiceStub(self.channel)
         self.timeout = timeout
+        # Sent with every call: the bearer token that says which tenant calls (see Client).
+        self.metadata = ((AUTHORIZATION, f"Bearer {token}"),) if token else None
 
     def call(self, method: str, request):
-        """The response of unary `method`, errors as SemigradError."""
-        try:
-            return getattr(self.stub, method)(request, timeout=self.timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from error
+        """The response of unary `method`, errors as SemigradError. A call whose stream broke after
+        the answer began (see BROKEN_STREAM) is made again, up to BROKEN_STREAM_ATTEMPTS in all."""
+        for attempt in range(1, BROKEN_STREAM_ATTEMPTS + 1):
+            try:
+                return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self.metadata)
+            except grpc.RpcError as error:
+                if attempt == BROKEN_STREAM_ATTEMPTS or not broken_stream(error):
+                    raise from_rpc_error(error) from error
+            time.sleep(BROKEN_STREAM_BACKOFF * attempt)
 
     def stream(self, method: str, requests):
         """Responses of a streaming call, errors of the call itself as SemigradError."""
         try:
-            yield from getattr(self.stub, method)(requests, timeout=self.timeout)
+            yield from getattr(self.stub, method)(requests, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
 

@@ -11,6 +11,7 @@ from importlib import metadata
 
 
 from . import __version__
+from .cpus import available_cpus
 from .limits import Limits
 from .plugin_loader import load_entry_point
 from .semiring.base import API_VERSION, Semiring
@@ -39,15 +40,37 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
     serve.add_argument("--threads", type=int, default=8, help="request threads per worker (default 8)")
     serve.add_argument("--workers", type=int, default=None,
-                       help="server processes sharing the port (default: one per core, "
-                            f"{os.cpu_count() or 1} here; 1 with --store memory)")
+                       help="server processes sharing the port (default: one per CPU this container may use, "
+                            f"from its cgroup quota and affinity: {available_cpus()} here; 1 with --store memory)")
     serve.add_argument("--store", default=default_store(),
-                       help="the embedded graph store (a SQLite file shared by the workers), or 'memory' "
-                            f"to keep graphs in memory only (default {default_store()}; env SEMIGRAD_STORE)")
+                       help="where registered graphs live: a SQLite file shared by the workers of this host, "
+                            "redis://HOST:PORT/DB for a Redis server shared by replicas (run it with appendonly "
+                            "yes, appendfsync always: docs/deploying.md), or 'memory' to keep graphs in this "
+                            f"process only (default {default_store()}; env SEMIGRAD_STORE)")
     serve.add_argument("--no-shared-memory", dest="shared_memory", action="store_false",
                        help="refuse tensors in shared memory (by default clients on this host, running as "
                             "this user, may pass tensors through /dev/shm; see docs/performance.md)")
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    serve.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("SEMIGRAD_LOG_FORMAT", "text"),
+                       help="log lines as text or JSON objects, each with its request id (default text; "
+                            "env SEMIGRAD_LOG_FORMAT)")
+    serve.add_argument("--tokens", default=None, metavar="FILE",
+                       help="bearer tokens of the tenants, one 'TENANT TOKEN' a line (also env SEMIGRAD_TOKENS_FILE, "
+                            "and SEMIGRAD_TOKENS='TENANT=TOKEN,...'); with any token, every call but health needs "
+                            "'authorization: Bearer TOKEN' and graphs are scoped per tenant (default: no "
+                            "authentication, one anonymous tenant)")
+    serve.add_argument("--tls-cert", default=None, metavar="PEM", help="serve TLS with this certificate chain")
+    serve.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
+    serve.add_argument("--tls-client-ca", default=None, metavar="PEM",
+                       help="mutual TLS: clients must present a certificate signed by this CA")
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help="serve Prometheus metrics on http://METRICS_HOST:PORT/metrics (default: off; 0: any port)")
+    serve.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics port (default 0.0.0.0)")
+    serve.add_argument("--drain-seconds", type=float, default=0.0,
+                       help="on SIGTERM, report NOT_SERVING to health checks and keep serving this long before "
+                            "refusing new calls, so load balancers stop routing first (default 0)")
+    serve.add_argument("--grace-seconds", type=float, default=5.0,
+                       help="then give the calls in flight this long to finish (default 5)")
     defaults = Limits()
     for name in Limits.names():
         value = getattr(defaults, name)
@@ -135,16 +158,23 @@ def add_viz_command(commands) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        from .service.server import LOG_FORMAT, SupervisorGaveUp, serve
+        from . import logs
+        from .service.auth import load_tokens
+        from .service.server import Serving, SupervisorGaveUp, serve
+        from .service.tls import tls_files
 
-        logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+        logs.configure(args.log_level, args.log_format)
         limits = Limits(**{name: getattr(args, name) for name in Limits.names()})
         store = None if args.store == "memory" else args.store
-        workers = args.workers or (os.cpu_count() or 1 if store is not None else 1)
+        workers = args.workers or (available_cpus() if store is not None else 1)
         try:
-            serve(args.host, args.port, limits=limits, threads=args.threads, store=store, workers=workers,
-                  shared_memory=args.shared_memory)
-        except ValueError as e:
+            config = Serving(limits=limits, threads=args.threads, grace=args.grace_seconds, drain=args.drain_seconds,
+                             store=store, shared_memory=args.shared_memory, tokens=load_tokens(args.tokens),
+                             tls=tls_files(args.tls_cert, args.tls_key, args.tls_client_ca),
+                             metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                             log_format=args.log_format)
+            serve(args.host, args.port, workers=workers, config=config)
+        except (ValueError, OSError) as e:
             print(f"semigrad serve: {e}", file=sys.stderr)
             return 2
         except SupervisorGaveUp as e:

@@ -19,6 +19,12 @@ class FailedPrecondition(SemigradError):
     status = "FAILED_PRECONDITION"
 
 
+class PermissionDenied(SemigradError):
+    """The requester did not prove it may use what it named (a shared-memory region's capability)."""
+
+    status = "PERMISSION_DENIED"
+
+
 class ResourceExhausted(SemigradError):
     status = "RESOURCE_EXHAUSTED"
 
@@ -29,6 +35,16 @@ class DeadlineExceeded(SemigradError):
 
 class Cancelled(SemigradError):
     status = "CANCELLED"
+
+
+class Unavailable(SemigradError):
+    """A service the server depends on (the shared graph store) cannot be reached; clients retry."""
+
+    status = "UNAVAILABLE"
+
+
+class Unauthenticated(SemigradError):
+    status = "UNAUTHENTICATED"
 
 
 class GraphError(InvalidArgument):

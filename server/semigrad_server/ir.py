@@ -195,7 +195,7 @@ def _check_id(value: str, what: str) -> None:
 
 def canonical_attr(value: object) -> object:
     if isinstance(value, np.ndarray):
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value, order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
         return {"tensor": [str(arr.dtype), list(arr.shape), hashlib.sha256(arr.astype(arr.dtype.newbyteorder("<")).tobytes()).hexdigest()]}
     if isinstance(value, slice):
         return {"slice": [value.start, value.stop, value.step]}
@@ -245,7 +245,7 @@ def consumers_of(nodes: Iterable[Node]) -> dict[str, list[tuple[str, int]]]:
 
 def _encode_attr(value: object) -> object:
     if isinstance(value, np.ndarray):
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value, order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
         return {"tensor": [arr.dtype.name, list(arr.shape), base64.b64encode(arr.astype(arr.dtype.newbyteorder("<")).tobytes()).decode()]}
     if isinstance(value, tuple) and any(isinstance(v, slice) for v in value):
         return {"index": [[v.start, v.stop, v.step] if isinstance(v, slice) else v for v in value]}

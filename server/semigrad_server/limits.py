@@ -12,7 +12,10 @@ class Limits:
     max_batch: int = 1_000_000  # batch items in one request
     max_request_elements: int = 400_000_000  # batch items × elements of all values a request computes
     max_graphs: int = 1024  # compiled graphs kept in memory per process (least recently used ones go first)
-    max_stored_graphs: int = 100_000  # graphs kept in the persistent store (oldest ones go first)
+    max_stored_graphs: int = 100_000  # graphs kept in the store per tenant (the tenant's oldest ones go first)
+    max_tenant_graphs: int = 0  # quota: graphs one tenant may store (0: none; past it RegisterGraph is refused)
+    max_tenant_bytes: int = 0  # quota: bytes of serialised graphs one tenant may store (0: none)
+    max_tenant_requests: int = 0  # quota: calls of one tenant in flight at once, per worker process (0: none)
     max_plans_per_graph: int = 64  # compiled plans cached per graph
     max_request_seconds: float = 600.0  # server-side bound on one request, on top of the client's deadline
     max_message_bytes: int = 512 * 1024 * 1024  # gRPC send and receive message size

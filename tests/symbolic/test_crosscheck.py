@@ -23,7 +23,12 @@ def test_every_builtin_op_three_methods_agree(client, rng, case):
     f = client.register(build(case))
     report = f.crosscheck(point(rng, case))
     ran = {m.method for m in report.methods if m.ran}
-    assert REAL_METHODS <= ran, report
+    expected = set(REAL_METHODS)
+    if any(n.op in ("argmax", "argmin") for n in build(case).to_proto().nodes):
+        # An index the data picks has no element-level form: SymPy is not run, and says why.
+        assert "'arg" in report.method("symbolic").detail and "element-level form" in report.method("symbolic").detail
+        expected.discard("symbolic")
+    assert expected <= ran, report
     assert report.passed, report
     assert not report.localized and not report.suspects
     # Every method returns the full Jacobian block: output shape + input shape.

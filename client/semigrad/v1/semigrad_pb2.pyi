@@ -33,22 +33,26 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., shared: _Optional[_Union[SharedMemoryRef, _Mapping]] = ...) -> None: ...
 
 class SharedMemoryRef(_message.Message):
-    __slots__ = ("region", "offset")
+    __slots__ = ("region", "offset", "capability")
     REGION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     region: str
     offset: int
-    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class SharedMemoryRegion(_message.Message):
-    __slots__ = ("region", "offset", "capacity")
+    __slots__ = ("region", "offset", "capacity", "capability")
     REGION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     region: str
     offset: int
     capacity: int
-    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., capacity: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class IndexItem(_message.Message):
     __slots__ = ("index", "slice")
@@ -482,6 +486,18 @@ class GetGraphResponse(_message.Message):
     types: _containers.RepeatedCompositeFieldContainer[NodeType]
     custom_ops: _containers.RepeatedCompositeFieldContainer[OpInfo]
     def __init__(self, graph_id: _Optional[str] = ..., graph: _Optional[_Union[Graph, _Mapping]] = ..., types: _Optional[_Iterable[_Union[NodeType, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[OpInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteGraphRequest(_message.Message):
+    __slots__ = ("graph_id",)
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_id: str
+    def __init__(self, graph_id: _Optional[str] = ...) -> None: ...
+
+class DeleteGraphResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class ListOpsRequest(_message.Message):
     __slots__ = ()

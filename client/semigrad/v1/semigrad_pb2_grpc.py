@@ -44,6 +44,11 @@ class GraphServiceStub:
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.GetGraphRequest.SerializeToString,
                 response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.GetGraphResponse.FromString,
                 _registered_method=True)
+        self.DeleteGraph = channel.unary_unary(
+                '/semigrad.v1.GraphService/DeleteGraph',
+                request_serializer=semigrad_dot_v1_dot_semigrad__pb2.DeleteGraphRequest.SerializeToString,
+                response_deserializer=semigrad_dot_v1_dot_semigrad__pb2.DeleteGraphResponse.FromString,
+                _registered_method=True)
         self.Evaluate = channel.unary_unary(
                 '/semigrad.v1.GraphService/Evaluate',
                 request_serializer=semigrad_dot_v1_dot_semigrad__pb2.EvaluateRequest.SerializeToString,
@@ -111,6 +116,12 @@ class GraphServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetGraph(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGraph(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -202,6 +213,11 @@ def add_GraphServiceServicer_to_server(servicer, server):
                     servicer.GetGraph,
                     request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.GetGraphRequest.FromString,
                     response_serializer=semigrad_dot_v1_dot_semigrad__pb2.GetGraphResponse.SerializeToString,
+            ),
+            'DeleteGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGraph,
+                    request_deserializer=semigrad_dot_v1_dot_semigrad__pb2.DeleteGraphRequest.FromString,
+                    response_serializer=semigrad_dot_v1_dot_semigrad__pb2.DeleteGraphResponse.SerializeToString,
             ),
             'Evaluate': grpc.unary_unary_rpc_method_handler(
                     servicer.Evaluate,
@@ -313,6 +329,33 @@ class GraphService:
             '/semigrad.v1.GraphService/GetGraph',
             semigrad_dot_v1_dot_semigrad__pb2.GetGraphRequest.SerializeToString,
             semigrad_dot_v1_dot_semigrad__pb2.GetGraphResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/semigrad.v1.GraphService/DeleteGraph',
+            semigrad_dot_v1_dot_semigrad__pb2.DeleteGraphRequest.SerializeToString,
+            semigrad_dot_v1_dot_semigrad__pb2.DeleteGraphResponse.FromString,
             options,
             channel_credentials,
             insecure,

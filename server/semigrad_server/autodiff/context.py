@@ -20,6 +20,7 @@ from .builder import GraphBuilder
 
 class AdjointContext:
     commutative = True
+    real = False  # the real semiring's ordinary ops (rules may then use real-only shortcuts, as einsum does)
     valued: frozenset = frozenset()  # nodes holding semiring values: none, the real adjoints are plain arrays
 
     def __init__(self, builder: GraphBuilder):
@@ -131,6 +132,15 @@ class AdjointContext:
     def scatter(self, g: str, index: tuple, shape: tuple) -> str:
         raise NotImplementedError
 
+    def scatter_add(self, g: str, indices: str, axis: int, size: int, origin: str) -> str:
+        """⊕ of g's slices along `axis` into `size` slots by `indices` (an int64 node): the
+        adjoint of a gather (`origin`: the gather node, which index errors name)."""
+        raise NotImplementedError
+
+    def cumsum(self, g: str, axis: int, reverse: bool) -> str:
+        """Inclusive ⊕-scan of g along `axis` (from the end when `reverse`): cumsum's adjoint."""
+        raise NotImplementedError
+
     def one(self, t: Type) -> str:
         raise NotImplementedError
 
@@ -144,6 +154,8 @@ def _is_reciprocal(factor: sp.Expr) -> bool:
 
 class RealContext(AdjointContext):
     """(+, ×, 0, 1, φ = id): ordinary reverse mode, emitted as ordinary ops."""
+
+    real = True
 
     def edge_value(self, partial, g):
         return self.emit("mul", [partial, g])
@@ -171,6 +183,15 @@ class RealContext(AdjointContext):
 
     def scatter(self, g, index, shape):
         return self.emit("scatter_index", [g], index=tuple(index), shape=tuple(shape))
+
+    def scatter_add(self, g, indices, axis, size, origin):
+        return self.emit("scatter_add", [g, indices], axis=axis, size=size, origin=origin)
+
+    def cumsum(self, g, axis, reverse):
+        if not reverse:
+            return self.emit("cumsum", [g], axis=axis)
+        flip = (slice(None),) * axis + (slice(None, None, -1),)
+        return self.emit("index", [self.emit("cumsum", [self.emit("index", [g], index=flip)], axis=axis)], index=flip)
 
     def one(self, t):
         return self.emit("broadcast_to", [self.const(1, t.dtype)], shape=t.shape)
@@ -238,6 +259,12 @@ class SemiringContext(AdjointContext):
 
     def scatter(self, g, index, shape):
         return self._sr("sr_scatter", [g], index=tuple(index), shape=tuple(shape))
+
+    def scatter_add(self, g, indices, axis, size, origin):
+        return self._sr("sr_scatter_add", [g, indices], axis=axis, size=size, origin=origin)
+
+    def cumsum(self, g, axis, reverse):
+        return self._sr("sr_cumsum", [g], axis=axis, reverse=reverse)
 
     def one(self, t):
         return self._sr("sr_ones", [], shape=t.shape)

@@ -13,8 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .. import ir
-from ..errors import FailedPrecondition, InvalidArgument, quoted
+from .. import ir, telemetry
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, quoted
 from ..hooks import run as hooks_run
 from ..hooks.loader import HookRegistry
 from ..hooks.loader import default_registry as default_hooks
@@ -25,7 +25,8 @@ from ..runtime.allocation import results_in
 from ..runtime.compiled import compile_executable
 from ..runtime.outputs import OutputKey
 from ..semiring.loader import SemiringRegistry, default_registry
-from ..store import MemoryStore, SqliteStore
+from ..store import GraphStore, LruCache, MemoryGraphStore, Quota
+from . import tenancy
 from .execution import check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
 from .graphs import Batch, CompiledGraph, compile_graph
@@ -44,31 +45,49 @@ class EvaluatePlanKey:
 
 
 class Engine:
-    """`persistent`: an optional shared store of serialised graphs (e.g. SqliteStore) behind
-    the in-memory cache of compiled graphs."""
+    """`store`: where registered graphs live (a GraphStore; default: this process's memory), behind
+    this process's cache of compiled graphs. Graph ids are scoped by the current tenant
+    (`tenancy.current()`): a tenant reaches only the graphs it registered."""
 
     def __init__(self, limits: Limits | None = None, semirings: SemiringRegistry | None = None,
-                 persistent: SqliteStore | None = None, hooks: HookRegistry | None = None):
+                 store: GraphStore | None = None, hooks: HookRegistry | None = None):
         self.limits = limits or Limits()
         self.semirings = semirings or default_registry()
         self.hooks = hooks or default_hooks()
-        self.store: MemoryStore[CompiledGraph] = MemoryStore(self.limits.max_graphs)
-        self.persistent = persistent
+        # Compiled graphs by content hash, shared by the tenants that registered the same graph.
+        self.compiled: LruCache[CompiledGraph] = LruCache(self.limits.max_graphs)
+        self.graphs: GraphStore = store if store is not None else MemoryGraphStore()
+        # A store in this process's memory keeps as many graphs per tenant as the compiled cache.
+        capacity = self.limits.max_stored_graphs if self.graphs.name != "memory" else \
+            min(self.limits.max_stored_graphs, self.limits.max_graphs)
+        self.quota = Quota(capacity=capacity, graphs=self.limits.max_tenant_graphs, bytes=self.limits.max_tenant_bytes)
 
     # ------------------------------------------------------------ registration
     def register(self, graph: Graph) -> tuple[CompiledGraph, bool]:
+        """Validate and store `graph` for the current tenant; `created`: this call stored it (never
+        whether another tenant has it)."""
         cg = compile_graph(graph, self.limits)
-        stored, created = self.store.put_if_absent(cg.id, cg)
-        if self.persistent is not None:
-            created = self.persistent.put(cg.id, ir.serialize(graph))
-        return stored, created
+        created = self.graphs.put(tenancy.current(), cg.id, ir.serialize(graph), self.quota)
+        return self.compiled.put_if_absent(cg.id, cg), created
 
     def get(self, graph_id: str) -> CompiledGraph:
-        if self.persistent is not None and graph_id not in self.store:
-            data = self.persistent.get(graph_id)
-            if data is not None:  # registered through another worker, or before a restart
-                return self.store.put_if_absent(graph_id, compile_graph(ir.deserialize(data), self.limits))[0]
-        return self.store.get(graph_id)
+        """The current tenant's graph `graph_id`, compiled (from the stored definition when this
+        process has not compiled it yet: registered through another worker or replica)."""
+        tenant = tenancy.current()
+        cg = self.compiled.get(graph_id)
+        if cg is not None:
+            if self.graphs.contains(tenant, graph_id):
+                return cg
+        else:
+            data = self.graphs.get(tenant, graph_id)
+            if data is not None:  # registered through another worker or replica, or evicted from this cache
+                telemetry.event("graph_compile")
+                return self.compiled.put_if_absent(graph_id, compile_graph(ir.deserialize(data), self.limits))
+        raise NotFound(f"unknown graph id {quoted(graph_id)} (register the graph first)")
+
+    def delete(self, graph_id: str) -> bool:
+        """Forget the current tenant's registration of `graph_id`; True when it had one."""
+        return self.graphs.delete(tenancy.current(), graph_id)
 
     # ------------------------------------------------------------ keyword forms of the requests
     def evaluate(self, graph_id: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = (),

@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..ir import Graph, Node, Type
-from . import elementwise, structural
+from . import elementwise, indexing, linalg, nn, structural
 from .base import AttrSpec, OpDef, Registry
 
 REGISTRY = Registry()
 elementwise.register(REGISTRY)
 structural.register(REGISTRY)
+nn.register(REGISTRY)
+indexing.register(REGISTRY)
+linalg.register(REGISTRY)
 REGISTRY.check()
 
 

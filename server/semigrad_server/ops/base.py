@@ -36,7 +36,9 @@ class AttrSpec:
 @dataclass
 class OpDef:
     name: str
-    kind: str  # elementwise | comparison | structural | reduction | linalg | source
+    # elementwise | pointwise (elementwise with attributes, e.g. clamp: not fused, no elementwise_fn)
+    # | comparison | structural | reduction | linalg | source
+    kind: str
     operands: tuple[str, ...]
     infer: Callable[[Node, Sequence[Type], Mapping], Type]
     kernel: Callable[[Mapping, Sequence[Type], Type], Callable]
@@ -143,6 +145,10 @@ class Elements(Protocol):
 
     def semiring_one(self) -> object:
         """1̄ of the backend's semiring (1 for the real one)."""
+
+    def index(self, element: object) -> int | None:
+        """The integer an index element holds when it is known at expansion time (an integer
+        input given as a constant), else None: data-dependent indexing (gather) expands only then."""
 
 
 def element_array(values, shape) -> np.ndarray:

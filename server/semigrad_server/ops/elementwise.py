@@ -24,7 +24,7 @@ import sympy as sp
 from ..errors import GraphError
 from ..ir import DTYPES, Type
 from . import sym
-from .base import OpDef, Registry, align, broadcast_item_shapes
+from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, element_array
 from .sym import X, Y
 
 C, A, B = sp.symbols("cond a b", real=True)
@@ -60,6 +60,14 @@ except ImportError:  # pragma: no cover - depends on the environment
 ERF_SOURCE = "erf = numpy.vectorize(math.erf, otypes=[numpy.float64])\n"
 
 
+def gelu(x):
+    return 0.5 * x * (1.0 + _erf_kernel(x * 0.7071067811865476))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + numpy.tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
+
+
 # ---------------------------------------------------------------- the same over Python floats
 
 
@@ -88,6 +96,14 @@ def _f_sign(x):
 
 def _f_heaviside(x):
     return x if x != x else (1.0 if x > 0 else (0.0 if x < 0 else 0.5))
+
+
+def _f_gelu(x):
+    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+def _f_gelu_tanh(x):
+    return 0.5 * x * (1.0 + math.tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
 
 
 def _f_maximum(a, b):
@@ -152,6 +168,12 @@ ELEMENTWISE: list[Row] = [
     Row("minimum", sym.minimum(X, Y), np.minimum, "elementwise min; ties split the derivative 1/2, 1/2",
         float_fn=_f_minimum, commutative=True, fusible=True),
     Row("erf", sp.erf(X), _erf_kernel, "error function", float_fn=math.erf, source=ERF_SOURCE),
+    # GELU as PyTorch computes it (one edge, partial gelu'(x)): x Φ(x), and the tanh approximation.
+    Row("gelu", X / 2 * (1 + sp.erf(X / sp.sqrt(2))), gelu, "x Φ(x) = x (1 + erf(x / √2)) / 2 (torch's GELU)",
+        float_fn=_f_gelu),
+    Row("gelu_tanh", X / 2 * (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (X + sp.Rational(44715, 1000000) * X**3))), gelu_tanh,
+        "x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2 (torch's GELU, approximate='tanh')", float_fn=_f_gelu_tanh,
+        analytic=True),
     Row("sign", sp.sign(X), np.sign, "sign of x (derivative 0)", float_fn=_f_sign, partials={X: sp.Integer(0)},
         fusible=True),
     Row("heaviside", sp.Heaviside(X), heaviside, "step: 0 below 0, 1/2 at 0, 1 above (derivative 0)",
@@ -242,6 +264,51 @@ def _where_vjp(ctx, node, g, positions):
     return out
 
 
+def _clamp_infer(node, in_types, attrs):
+    (t,) = in_types
+    if attrs["min"] is None and attrs["max"] is None:
+        raise GraphError(node.id, "clamp needs a 'min' or a 'max' attribute (or both)")
+    for bound in ("min", "max"):
+        if attrs[bound] is not None and math.isnan(attrs[bound]):
+            raise GraphError(node.id, f"clamp's {bound} is NaN")
+    if not t.is_float:
+        raise GraphError(node.id, f"clamp takes a float operand, got {t.dtype}")
+    return t
+
+
+def _clamp_kernel(attrs, in_types, out_type):
+    lo, hi = attrs["min"], attrs["max"]
+    if hi is None:
+        return lambda x: np.maximum(x, lo)
+    if lo is None:
+        return lambda x: np.minimum(x, hi)
+    return lambda x: np.minimum(np.maximum(x, lo), hi)  # torch's order: min > max gives max everywhere
+
+
+def _clamp_expand(el, operands, attrs, in_types, out_type):
+    lo, hi = attrs["min"], attrs["max"]
+
+    def one(x):
+        if lo is not None:
+            x = el.apply("maximum", (x, el.number(float(lo))))
+        return x if hi is None else el.apply("minimum", (x, el.number(float(hi))))
+
+    return element_array([one(x) for x in operands[0].reshape(-1)], out_type.shape)
+
+
+def _clamp_vjp(ctx, node, g, positions):
+    """∂ = 1 where min ≤ x ≤ max (PyTorch's rule: a bound itself passes the gradient), else 0."""
+    x = node.inputs[0]
+    attrs, dtype = ctx.attrs(node), ctx.type(node.id).dtype
+    one, zero = ctx.const(1, dtype), ctx.const(0, dtype)
+    partial = one
+    for bound, compare in (("min", "ge"), ("max", "le")):
+        if attrs[bound] is not None:
+            inside = ctx.emit(compare, [x, ctx.const(attrs[bound], dtype)])
+            partial = ctx.emit("where", [inside, partial, zero])
+    return {0: ctx.edge_value(partial, g)}
+
+
 def as_condition(value):
     """A SymPy condition from an element: relations stay, numbers and symbols compare with 0."""
     return value if isinstance(value, sp.logic.boolalg.Boolean) else sp.Ne(value, 0)
@@ -288,3 +355,9 @@ def register(registry: Registry) -> None:
         doc="a where cond else b",
         elementwise_fn=np.where, float_fn=_f_where, fusible=True,
         sympy_apply=lambda c, a, b: sp.Piecewise((a, as_condition(c)), (b, True))))
+    registry.add(OpDef(
+        "clamp", "pointwise", ("x",), _clamp_infer, _clamp_kernel, vjp=_clamp_vjp,
+        attrs=(AttrSpec("min", "float", doc="lower bound; absent: none"),
+               AttrSpec("max", "float", doc="upper bound; absent: none")),
+        derivatives=(("x", "1 where min <= x <= max (bounds included, as PyTorch), else 0"),),
+        doc="min(max(x, min), max) with attribute bounds (torch.clamp)", expand=_clamp_expand))

@@ -1,5 +1,6 @@
 """Ops of backward graphs under a semiring other than the real one, bound to one configured
-semiring: lift, ⊗, ⊕, ⊕-reduce, semiring matmul, scatter into 0̄, 1̄.
+semiring: lift, ⊗, ⊕, ⊕-reduce, semiring matmul, scatter into 0̄, scatter-⊕ by indices
+(gather's adjoint), ⊕-scan (cumsum's adjoint), 1̄.
 
 Their values are semiring values (an array, or a tuple of arrays for tuple carriers); their
 types give the item shape only. They have no adjoints: a non-real backward graph is not
@@ -8,8 +9,11 @@ differentiated again.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import Type
 from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, element_array, input_cost, reduce_elements
+from .indexing import ORIGIN, check_indices, scan_expand, scatter_add_expand, scatter_add_shape, scatter_keys
 from .structural import (index_infer, matmul_infer, reduce_infer, full_index, matmul_cost, matmul_expand,
                          scatter_expand)
 
@@ -92,6 +96,43 @@ def _bind(base: Registry, s) -> Registry:
 
         return scatter
 
+    def scatter_add_kernel(attrs, in_types, out_type):
+        u_t, i_t = in_types
+        size, a = attrs["size"], attrs["axis"] % out_type.rank
+
+        def scatter_add(g, idx):
+            check_indices(idx, size, attrs["origin"])
+            lead, keys, total = scatter_keys(s.shape(g), idx, u_t, i_t, a, size)
+            flat = m(lambda c: np.broadcast_to(c, lead + u_t.shape).reshape(-1), g)
+            return m(lambda c: c.reshape(lead + out_type.shape), s.scatter_add(flat, keys, total))
+
+        return scatter_add
+
+    def cumsum_kernel(attrs, in_types, out_type):
+        rank = out_type.rank
+        ax, reverse = attrs["axis"] % rank - rank, attrs["reverse"]
+
+        def take(c, start, stop):
+            return c[(Ellipsis, slice(start, stop)) + (slice(None),) * (-ax - 1)]
+
+        def flip(c):
+            return c[(Ellipsis, slice(None, None, -1)) + (slice(None),) * (-ax - 1)]
+
+        def scan(v):
+            """Inclusive ⊕-scan in log₂ n rounds: v[i] ⊕= v[i - d] for d = 1, 2, 4, ..."""
+            if reverse:
+                v = m(flip, v)
+            n, d = s.shape(v)[ax], 1
+            while d < n:
+                moved = s.add(m(lambda c: take(c, d, n), v), m(lambda c: take(c, 0, n - d), v))
+                parts = [np.concatenate([take(c, 0, d), mv], axis=ax)
+                         for c, mv in zip(s.components_of(v), s.components_of(moved))]
+                v = parts[0] if s.components == 1 else tuple(parts)
+                d *= 2
+            return m(flip, v) if reverse else v
+
+        return scan
+
     def ones_kernel(attrs, in_types, out_type):
         value = s.ones(out_type.shape)
         return lambda: value
@@ -115,6 +156,15 @@ def _bind(base: Registry, s) -> Registry:
               attrs=(AttrSpec("index", "index", required=True), AttrSpec("shape", "ints", required=True)),
               doc="0̄ of `shape` with x written at `index`", moves_elements=True,
               expand=scatter_expand(_semiring_zero)),
+        OpDef("sr_scatter_add", "semiring", ("x", "indices"),
+              lambda n, t, a: _value_type(scatter_add_shape(n, t[0], t[1], a)[1]), scatter_add_kernel,
+              attrs=(AttrSpec("size", "int", required=True), AttrSpec("axis", "int", default=0), ORIGIN),
+              doc="0̄ of the output with x's slices ⊕-added at the indices: the adjoint of gather",
+              expand=scatter_add_expand("sr_add", _semiring_zero), scalar_cost=input_cost),
+        OpDef("sr_cumsum", "semiring", ("x",), lambda n, t, a: _value_type(t[0].shape), cumsum_kernel,
+              attrs=(AttrSpec("axis", "int", required=True), AttrSpec("reverse", "bool", default=False)),
+              doc="inclusive ⊕-scan along axis (from the end when reverse): the adjoint of cumsum",
+              expand=scan_expand("sr_add", True), scalar_cost=input_cost),
         OpDef("sr_ones", "semiring", (), lambda n, t, a: _value_type(a["shape"]), ones_kernel,
               attrs=(AttrSpec("shape", "ints", required=True),), doc="1̄ of `shape`", expand=_ones_expand),
     ]

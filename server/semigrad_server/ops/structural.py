@@ -60,8 +60,8 @@ def _reduce_axes(node, attrs, rank):
 def reduce_infer(node, in_types, attrs):
     (t,) = in_types
     axes = _reduce_axes(node, attrs, t.rank)
-    if node.op == "max" and any(t.shape[a] == 0 for a in axes):
-        raise GraphError(node.id, "max over an empty axis")
+    if node.op in ("max", "min") and any(t.shape[a] == 0 for a in axes):
+        raise GraphError(node.id, f"{node.op} over an empty axis")
     if attrs["keepdims"]:
         shape = tuple(1 if i in axes else d for i, d in enumerate(t.shape))
     else:
@@ -96,6 +96,11 @@ def _max_expand(el, operands, attrs, in_types, out_type):
                            lambda row: el.reduce("maximum", row, el.number(-math.inf)))
 
 
+def _min_expand(el, operands, attrs, in_types, out_type):
+    return reduce_elements(operands[0], attrs["axes"], attrs["keepdims"],
+                           lambda row: el.reduce("minimum", row, el.number(math.inf)))
+
+
 def _keepdims_shape(node, ctx):
     t = ctx.type(node.inputs[0])
     axes = _reduce_axes(node, ctx.attrs(node), t.rank)
@@ -119,11 +124,12 @@ def _mean_vjp(ctx, node, g, positions):
 
 
 def _max_vjp(ctx, node, g, positions):
-    """∂max/∂x_i = 1 where x_i is the max, split evenly between ties (as JAX and PyTorch's amax)."""
+    """∂max/∂x_i = 1 where x_i is the max, split evenly between ties (as JAX and PyTorch's amax);
+    min likewise."""
     x = node.inputs[0]
     t = ctx.type(x)
     attrs = ctx.attrs(node)
-    top = ctx.emit("max", [x], axes=attrs["axes"], keepdims=True)
+    top = ctx.emit(node.op, [x], axes=attrs["axes"], keepdims=True)
     hit = ctx.emit("eq", [x, top])
     mask = ctx.emit("where", [hit, ctx.const(1, t.dtype), ctx.const(0, t.dtype)])
     count = ctx.emit("sum", [mask], axes=attrs["axes"], keepdims=True)
@@ -460,12 +466,13 @@ def register(registry: Registry) -> None:
               expand=_const_expand, analytic=True))
     for name, fn, rule in (("sum", np.sum, "1 for every summed element"),
                            ("mean", np.mean, "1/n for every averaged element"),
-                           ("max", np.max, "1 at the maximum (ties share it evenly), 0 elsewhere")):
+                           ("max", np.max, "1 at the maximum (ties share it evenly), 0 elsewhere"),
+                           ("min", np.min, "1 at the minimum (ties share it evenly), 0 elsewhere")):
         add(OpDef(name, "reduction", ("x",), reduce_infer, _reduce_kernel(fn),
-                  vjp={"sum": _sum_vjp, "mean": _mean_vjp, "max": _max_vjp}[name], attrs=AXES,
+                  vjp={"sum": _sum_vjp, "mean": _mean_vjp, "max": _max_vjp, "min": _max_vjp}[name], attrs=AXES,
                   derivatives=(("x", rule),), doc=f"{name} over axes",
-                  expand={"sum": _sum_expand, "mean": _mean_expand, "max": _max_expand}[name],
-                  scalar_cost=input_cost, analytic=name != "max"))
+                  expand={"sum": _sum_expand, "mean": _mean_expand, "max": _max_expand, "min": _min_expand}[name],
+                  scalar_cost=input_cost, analytic=name not in ("max", "min")))
     add(OpDef("reshape", "structural", ("x",), _reshape_infer, _reshape_kernel, vjp=_reshape_vjp,
               attrs=(AttrSpec("shape", "ints", required=True),), derivatives=(("x", "reshape of the adjoint"),),
               doc="same elements, new shape (one -1 allowed)", moves_elements=True, analytic=True))

@@ -1,8 +1,10 @@
 """Where a request's result arrays are allocated.
 
-By default, fresh NumPy arrays. The service sets an allocator for the duration of a request
-that offered a shared-memory output region: kernels then write their results straight into
-the region, and the response references them there instead of copying them in.
+By default, fresh NumPy arrays. A caller may set an allocator for the duration of a request, and
+kernels then write their results into its arrays. The service used one to compute results
+straight into a client's shared-memory output region; since issue 13 it no longer maps client
+memory (a region its client truncates would be SIGBUS) and sets none, so today only
+`results_in(None)` is used (to keep scratch results out of a caller's allocator).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from ..ops import Registry
 
 # Ops without effects, whose values are plain arrays: hooks have effects (they run code per
 # request), semiring values may be tuples of arrays.
-MERGEABLE_KINDS = frozenset({"elementwise", "comparison", "structural", "reduction", "linalg", "source"})
+MERGEABLE_KINDS = frozenset({"elementwise", "pointwise", "comparison", "structural", "reduction", "linalg", "nn",
+                             "source"})
 
 
 def common_subexpressions(order: Sequence[Node], attrs: Mapping[str, dict], registry: Registry,

@@ -47,7 +47,7 @@ class Plan:
     def __init__(self, graph: Graph, order: Sequence[Node], types: Mapping[str, Type],
                  outputs: Sequence[tuple[Hashable, str]], registry: Registry = REGISTRY,
                  attrs: Mapping[str, dict] | None = None, map_components: frozenset = frozenset()):
-        """`map_components`: nodes whose (single) operand is a tuple of arrays; their kernel
+        """`map_components`: nodes whose first operand is a tuple of arrays; their kernel
         is applied to each component (structural ops on tuple-valued semiring values)."""
         needed = {ref for _, ref in outputs}
         live_order = []
@@ -222,4 +222,5 @@ def _dead_buffer(args: list, step: Step) -> dict:
 
 
 def _per_component(kernel: Callable) -> Callable:
-    return lambda value: tuple(kernel(c) for c in value)
+    # The first operand is the semiring value; others (gather's indices) are plain arrays.
+    return lambda value, *rest: tuple(kernel(c, *rest) for c in value)

@@ -8,6 +8,8 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Hashable, TypeVar
 
+from .. import telemetry
+
 T = TypeVar("T")
 
 
@@ -29,7 +31,9 @@ class PlanCache:
         with self._lock:
             if key in self._plans:
                 self._plans.move_to_end(key)
+                telemetry.event("plan_hit")
                 return self._plans[key]
+        telemetry.event("plan_compile")
         built = build()
         with self._lock:
             self._plans[key] = built

@@ -115,6 +115,9 @@ class Scalarizer:
     def semiring_one(self) -> int:
         return self.sr_one if self.semiring is not None else self.const(1.0)
 
+    def index(self, element) -> None:
+        return None  # integer values never enter scalar programs (their dtypes are float64 and bool)
+
     # ------------------------------------------------------------ emission with folding
     def emit(self, op: str, args: tuple[int, ...]) -> int:
         opdef = self.p.ops.get(op)
@@ -235,7 +238,8 @@ def scalarize(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type], ou
         if spec.name not in needed:
             continue
         if spec.dtype not in SCALAR_DTYPES:
-            raise NotScalarizable(f"input dtype {spec.dtype}")
+            raise NotScalarizable(f"input '{spec.name}' has dtype {spec.dtype} (scalar programs hold "
+                                  f"{' and '.join(sorted(SCALAR_DTYPES))} values only)")
         ids[spec.name] = np.array([sc.new_variable() for _ in range(spec.type.size)], dtype=object).reshape(spec.shape)
         sc.p.inputs.append((spec.name, spec.shape, ids[spec.name].astype(np.int64)))
         sc.p.input_dtypes.append(spec.dtype)

@@ -128,6 +128,40 @@ class Semiring:
             return self.zeros(lead + (m, n))
         return out
 
+    def scatter_add(self, values: Value, index: np.ndarray, size: int) -> Value:
+        """out[j] = ⊕ of values[k] over the k with index[k] == j (0̄ where none): values are
+        flat (one axis, as long as `index`), `index` holds ints in [0, size). The adjoint of a
+        gather. Default: sorted by index, equal neighbours merged pairwise with `add` (rounds:
+        log2 of the largest multiplicity), so it works for every semiring."""
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        order = np.argsort(index, kind="stable")
+        keys = index[order]
+        values = self.map(lambda c: np.asarray(c).reshape(-1)[order], values)
+        while keys.size:
+            start = np.r_[True, keys[1:] != keys[:-1]]
+            rank = np.arange(keys.size) - np.maximum.accumulate(np.where(start, np.arange(keys.size), 0))
+            keep = rank % 2 == 0
+            paired = keep.copy()
+            paired[-1] = False
+            paired[:-1] &= ~start[1:]
+            if not paired.any():
+                break
+            i = np.nonzero(paired)[0]
+            merged = self.add(self.map(lambda c: c[i], values), self.map(lambda c: c[i + 1], values))
+
+            def put(c, m):
+                c = c.copy()
+                c[i] = m
+                return c[keep]
+
+            values = (put(values, merged) if self.components == 1
+                      else tuple(put(c, m) for c, m in zip(values, merged)))
+            keys = keys[keep]
+        out = self.zeros((size,))
+        for target, part in zip(self.components_of(out), self.components_of(values)):
+            target[keys] = part
+        return out
+
     def read(self, value: Value) -> dict[str, np.ndarray]:
         """Named arrays for the wire; `primary` names the gradient."""
         if self.components == 1:

@@ -6,6 +6,7 @@ deadline, the waiting hook raises, the plan unwinds, and the thread ends."""
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import queue
 import threading
@@ -95,7 +96,8 @@ def run_with_client_hooks(request_iterator, context, start_work) -> object:
             channel.end()
 
     context.add_callback(channel.close)
-    threading.Thread(target=work, name="semigrad-hook-run", daemon=True).start()
+    # The backward pass runs as the caller (its tenant, its request id): in a copy of this context.
+    threading.Thread(target=contextvars.copy_context().run, args=(work,), name="semigrad-hook-run", daemon=True).start()
     threading.Thread(target=pump, name="semigrad-hook-replies", daemon=True).start()
     while True:
         kind, item = channel.outgoing.get()

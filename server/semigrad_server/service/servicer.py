@@ -16,7 +16,6 @@ from ..hooks.run import HookRun
 from ..inspect.describe import describe
 from ..inspect.draw import draw
 from ..ops import REGISTRY
-from ..runtime.allocation import results_in
 from ..symbolic.crosscheck import crosscheck
 from ..symbolic.custom import custom_ops
 from ..symbolic.formulas import symbolic_gradient
@@ -78,27 +77,27 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                                    custom_ops=[convert.op_info(op) for op in custom_ops(cg.registry)])
 
     @rpc
+    def DeleteGraph(self, request, context):
+        return pb.DeleteGraphResponse(deleted=self.engine.delete(request.graph_id))
+
+    @rpc
     def Evaluate(self, request, context):
-        with self.shared_memory.session() as shared:
+        with self.shared_memory.session(context.peer()) as shared:
             spec = convert.evaluate_spec(request, shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
-            with results_in(writer.allocate if writer is not None else None):
-                outputs, nodes = self.engine.run_evaluate(spec, deadline_of(context))
+            outputs, nodes = self.engine.run_evaluate(spec, deadline_of(context))
             return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs, writer),
                                        nodes=convert.arrays_to_tensors(nodes, writer))
 
     @rpc
     def Gradient(self, request, context):
-        return self._gradient(request, deadline_of(context))
+        return self._gradient(request, context)
 
-    def _gradient(self, request, deadline, hook_run=None):
-        with self.shared_memory.session() as shared:
+    def _gradient(self, request, context, hook_run=None):
+        with self.shared_memory.session(context.peer()) as shared:
             spec = convert.gradient_spec(request, shared)
-            if not request.HasField("output_region"):
-                return convert.gradient_response(self.engine.run_gradient(spec, deadline, hook_run))
-            writer = shared.writer(request.output_region)
-            with results_in(writer.allocate):
-                result = self.engine.run_gradient(spec, deadline, hook_run)
+            writer = shared.writer(request.output_region) if request.HasField("output_region") else None
+            result = self.engine.run_gradient(spec, deadline_of(context), hook_run)
             return convert.gradient_response(result, writer)
 
     def GradientWithHooks(self, request_iterator, context):
@@ -107,7 +106,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         try:
             yield from run_with_client_hooks(
                 status.decoded_stream(request_iterator), context,
-                lambda request, channel: self._gradient(request, deadline_of(context), HookRun(client=channel)))
+                lambda request, channel: self._gradient(request, context, HookRun(client=channel)))
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             code, detail = status.status_of(e, "GradientWithHooks")
         finally:
@@ -131,7 +130,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                     break
                 try:
                     response = pb.GradientStreamResponse(chunk=message.chunk,
-                                                         response=self._gradient(message.request, deadline_of(context)))
+                                                         response=self._gradient(message.request, context))
                 except Exception as e:  # noqa: BLE001 - reported in the chunk; the stream and the server go on
                     failed += 1
                     chunk_code, chunk_detail = status.status_of(e, f"GradientStream chunk {message.chunk}")

@@ -222,6 +222,10 @@ def _semiring_reverse(engine, cg, point, wrt, outputs, s, params, deadline) -> M
 
 
 def _symbolic(cg, point, wrt, outputs, deadline) -> MethodResult:
+    for node in cg.order:  # declared without an element-level form (argmax: an index the data picks)
+        if cg.registry.get(node).expand is None:
+            return MethodResult("symbolic", False, f"not run: op '{node.op}' (node '{node.id}') has no "
+                                                   f"element-level form")
     constants = {name: value for name, value in point.items() if not cg.types[name].is_float}
     jac = symbolic_jacobian(cg, outputs, wrt, constants, deadline)
     n = sum(b.size for b in jac.blocks.values())

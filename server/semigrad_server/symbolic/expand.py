@@ -152,6 +152,9 @@ class SympyElements:
     def semiring_one(self):
         return sp.Integer(1)
 
+    def index(self, element):
+        return int(element) if isinstance(element, sp.Integer) else None
+
 
 def _is_number(value) -> bool:
     return isinstance(value, sp.Basic) and (value.is_Number or value in (sp.true, sp.false))

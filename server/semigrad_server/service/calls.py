@@ -1,0 +1,187 @@
+"""What happens around every call, in one server interceptor: who is calling (authentication,
+the tenant every graph id is scoped by), its request id, the tenant's concurrency quota, and the
+call's metrics. Health checks pass untouched (a load balancer probes without a token)."""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import re
+import secrets
+import threading
+import time
+from collections import Counter
+
+import grpc
+
+from .. import logs
+from ..engine import tenancy
+from ..errors import Unauthenticated
+from .auth import Tokens
+
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+REQUEST_ID_HEADER = "x-request-id"
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a client's own id is kept when it looks like one
+
+
+class CallInterceptor(grpc.ServerInterceptor):
+    """`max_tenant_requests`: calls of one tenant in flight at once in this process (0: no bound).
+    `metrics`: a Metrics to record calls in, or None."""
+
+    def __init__(self, tokens: Tokens, max_tenant_requests: int = 0, metrics=None):
+        self.tokens = tokens
+        self.max_tenant_requests = max_tenant_requests
+        self.metrics = metrics
+        self._in_flight: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or details.method.startswith(HEALTH_PREFIX):
+            return handler
+        rpc = details.method.rsplit("/", 1)[-1]
+        metadata = details.invocation_metadata or ()
+        try:
+            tenant = self.tokens.tenant_of(metadata)
+        except Unauthenticated as e:
+            if self.metrics is not None:
+                self.metrics.call_done(rpc, None, "UNAUTHENTICATED", 0.0)
+            return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, str(e))
+        given = next((v for k, v in metadata if k == REQUEST_ID_HEADER), "")
+        request_id = given if isinstance(given, str) and CLIENT_REQUEST_ID.fullmatch(given) else _new_request_id()
+        return _wrapped(handler, lambda context: self._enter(rpc, tenant, request_id, context),
+                        lambda call: self._leave(call))
+
+    def _enter(self, rpc: str, tenant: str, request_id: str, context) -> _Call:
+        """Admit a call (or abort it with RESOURCE_EXHAUSTED): its context, with tenant and request id set."""
+        refused = None
+        if self.max_tenant_requests:
+            with self._lock:
+                if self._in_flight[tenant] >= self.max_tenant_requests:
+                    refused = self._in_flight[tenant]
+                else:
+                    self._in_flight[tenant] += 1
+        if refused is not None:
+            if self.metrics is not None:
+                self.metrics.call_done(rpc, tenant, "RESOURCE_EXHAUSTED", 0.0)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{_who(tenant)} has {refused} calls in flight on this server process; the quota is "
+                          f"{self.max_tenant_requests} (max_tenant_requests)")
+        try:
+            scope = contextvars.copy_context()
+            scope.run(_set, tenant, request_id)
+            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
+        except BaseException:  # the call never started: it holds no place in the quota
+            self._release(tenant)
+            raise
+        if self.metrics is not None:
+            self.metrics.call_started(rpc, tenant)
+        return _Call(rpc, tenant, scope, context, time.perf_counter())
+
+    def _release(self, tenant: str) -> None:
+        if not self.max_tenant_requests:
+            return
+        with self._lock:
+            self._in_flight[tenant] -= 1
+            if not self._in_flight[tenant]:
+                del self._in_flight[tenant]
+
+    def _leave(self, call: _Call) -> None:
+        self._release(call.tenant)
+        if self.metrics is not None:
+            code = call.context.code() if hasattr(call.context, "code") else None
+            self.metrics.call_finished(call.rpc, call.tenant, _code_name(code, call.failed),
+                                       time.perf_counter() - call.started)
+
+
+# Request ids: 16 random hex digits per process, then a counter (unique without a random draw per call).
+_ID_PREFIX = secrets.token_hex(8)
+_ID_COUNTER = itertools.count(1)
+
+
+def _new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def _set(tenant: str, request_id: str) -> None:
+    tenancy.enter(tenant)
+    logs.REQUEST_ID.set(request_id)
+
+
+def _who(tenant: str) -> str:
+    return f"tenant '{tenant}'" if tenant else "the anonymous tenant"
+
+
+def _code_name(code, failed: bool) -> str:
+    if code is None:
+        return "UNKNOWN" if failed else "OK"
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    try:
+        return grpc.StatusCode(code).name
+    except ValueError:
+        return str(code)
+
+
+class _Call:
+    __slots__ = ("rpc", "tenant", "scope", "context", "started", "failed")
+
+    def __init__(self, rpc, tenant, scope, context, started):
+        self.rpc, self.tenant, self.scope, self.context, self.started = rpc, tenant, scope, context, started
+        self.failed = False
+
+
+def _refusing(handler, code: grpc.StatusCode, message: str):
+    def refuse(request, context):
+        context.abort(code, message)
+
+    def refuse_stream(request, context):
+        context.abort(code, message)
+        yield  # pragma: no cover - abort raises
+
+    return _same_kind(handler, refuse, refuse_stream)
+
+
+def _wrapped(handler, enter, leave):
+    """`handler` with its behaviour run inside the call's context (tenant, request id), between
+    `enter(context)` and `leave(call)`."""
+    behaviour = handler.unary_unary or handler.stream_unary or handler.unary_stream or handler.stream_stream
+
+    def unary(request, context):
+        call = enter(context)
+        try:
+            return call.scope.run(behaviour, request, context)
+        except BaseException:
+            call.failed = True
+            raise
+        finally:
+            leave(call)
+
+    def streaming(request, context):
+        call = enter(context)
+        try:
+            responses = call.scope.run(behaviour, request, context)
+            while True:
+                try:
+                    item = call.scope.run(next, responses)
+                except StopIteration:
+                    return
+                yield item
+        except BaseException:
+            call.failed = True
+            raise
+        finally:
+            leave(call)
+
+    return _same_kind(handler, unary, streaming)
+
+
+def _same_kind(handler, unary, streaming):
+    common = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary, **common)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, **common)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming, **common)
+    return grpc.stream_stream_rpc_method_handler(streaming, **common)

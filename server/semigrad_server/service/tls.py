@@ -1,0 +1,37 @@
+"""TLS and mutual TLS for the server (`semigrad serve --tls-cert/--tls-key/--tls-client-ca`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files: the server's certificate chain and key; with `client_ca`, clients must present
+    a certificate signed by it (mutual TLS)."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        chain, key = Path(self.cert).read_bytes(), Path(self.key).read_bytes()
+        ca = Path(self.client_ca).read_bytes() if self.client_ca else None
+        return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFiles | None:
+    """The TLS settings of the command line; ValueError when they do not make sense together."""
+    if not cert and not key:
+        if client_ca:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if not (cert and key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)):
+        if path and not Path(path).is_file():
+            raise ValueError(f"{flag}: no file {path}")
+    return TlsFiles(cert, key, client_ca)

@@ -1,0 +1,106 @@
+"""Ops for imported models, beyond the op table: the PyTorch rules at their edges (clamp's
+bounds, GELU's forms) and refusals with the right status."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import semigrad as sg
+
+
+def one_op(fn, shape=(5,)):
+    g = sg.Graph()
+    x = g.input("x", shape)
+    g.output("out", fn(x))
+    return g
+
+
+def test_clamp_passes_the_gradient_at_its_bounds_as_pytorch_does(client):
+    """torch.clamp's backward is 1 where min <= x <= max: at x == min and x == max too."""
+    f = client.register(one_op(lambda x: sg.clamp(x, -1.0, 2.0)))
+    x = np.array([-3.0, -1.0, 0.5, 2.0, 7.0])
+    np.testing.assert_array_equal(f.evaluate({"x": x})["out"], [-1.0, -1.0, 0.5, 2.0, 2.0])
+    np.testing.assert_array_equal(f.gradient({"x": x})["x"], [0.0, 1.0, 1.0, 1.0, 0.0])
+
+
+def test_clamp_with_min_above_max_gives_max_everywhere_and_no_gradient(client):
+    """torch.clamp(x, 2, 1) is 1 everywhere (max applied last); its gradient mask is empty."""
+    f = client.register(one_op(lambda x: sg.clamp(x, 2.0, 1.0), (3,)))
+    x = np.array([0.0, 1.5, 3.0])
+    np.testing.assert_array_equal(f.evaluate({"x": x})["out"], [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(f.gradient({"x": x})["x"], [0.0, 0.0, 0.0])
+
+
+def test_clamp_without_bounds_is_refused(client):
+    with pytest.raises(ValueError, match="clamp"):
+        one_op(lambda x: sg.clamp(x))
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    g.output("out", g.add_node("clamp", [x], {}, name="c"))
+    with pytest.raises(sg.SemigradError) as excinfo:
+        client.register(g)
+    assert excinfo.value.code == grpc.StatusCode.INVALID_ARGUMENT and "'c'" in excinfo.value.message
+
+
+@pytest.mark.parametrize("subscripts, why", [
+    ("...ij,...jk->...ik", "'...'"), ("ii->i", "repeats"), ("ij,jk", "term"), ("ij,jk->ik", "size"),
+    ("ij->iz", "output"), ("i1,1->i", "letter")])
+def test_einsum_subscripts_the_engine_does_not_take_are_invalid_argument_naming_the_node(client, subscripts, why):
+    g = sg.Graph()
+    a, b = g.input("a", (2, 3)), g.input("b", (3, 2))
+    operands = [a] if subscripts.count(",") == 0 else [a, b]
+    if subscripts == "ij,jk":
+        operands = [a, b, a]
+    if why == "size":
+        operands = [a, g.input("c", (4, 5))]
+    if subscripts == "i1,1->i":
+        operands = [a, b]
+    g.output("out", g.add_node("einsum", operands, {"subscripts": subscripts}, name="e"))
+    with pytest.raises(sg.SemigradError) as excinfo:
+        client.register(g)
+    assert excinfo.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'e'" in excinfo.value.message and why in excinfo.value.message, excinfo.value.message
+
+
+def test_einsum_batches_every_operand_like_vmap(client, rng):
+    """Both operands batched differently ((2, 1) and (3,)): item (s, t) is a NumPy loop's
+    einsum of item s of a with item t of b; gradients per item by the closed form g·bᵀ."""
+    g = sg.Graph()
+    a, b = g.input("a", (2, 3)), g.input("b", (3, 4))
+    g.output("out", sg.einsum("ij,jk->ik", a, b))
+    f = client.register(g)
+    av, bv = rng.normal(size=(2, 1, 2, 3)), rng.normal(size=(3, 3, 4))
+    out = f.evaluate({"a": av, "b": bv})["out"]
+    seed = rng.normal(size=out.shape)
+    da = f.gradient({"a": av, "b": bv}, seeds={"out": seed})["a"]
+    assert out.shape == (2, 3, 2, 4) and da.shape == (2, 3, 2, 3)
+    for s in range(2):
+        for t in range(3):
+            np.testing.assert_allclose(out[s, t], av[s, 0] @ bv[t], rtol=1e-13)
+            np.testing.assert_allclose(da[s, t], seed[s, t] @ bv[t].T, rtol=1e-13)
+
+
+def test_argmax_and_argmin_take_the_first_of_ties_and_flatten_without_an_axis(client):
+    g = sg.Graph()
+    x = g.input("x", (2, 3))
+    g.output("rows", sg.argmax(x, axis=1))
+    g.output("cols", sg.argmin(x, axis=0, keepdims=True))
+    g.output("flat", sg.argmax(x))
+    f = client.register(g)
+    xv = np.array([[[1.0, 5.0, 5.0], [2.0, 2.0, 0.0]], [[7.0, 7.0, 7.0], [0.0, 9.0, -1.0]]])  # batch of 2
+    out = f.evaluate({"x": xv})
+    np.testing.assert_array_equal(out["rows"], [[1, 0], [0, 1]])
+    np.testing.assert_array_equal(out["cols"], [[[0, 1, 1]], [[1, 0, 1]]])
+    np.testing.assert_array_equal(out["flat"], [1, 4])
+    assert out["rows"].dtype == np.int64
+
+
+def test_dropout_is_the_identity_in_eval_and_refuses_training():
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    assert sg.dropout(x, 0.1) is x and sg.dropout(x, 0.5, training=False) is x
+    with pytest.raises(ValueError, match="training=True"):
+        sg.dropout(x, 0.1, training=True)
+    with pytest.raises(ValueError, match="p must be"):
+        sg.dropout(x, 1.5)

@@ -1,0 +1,166 @@
+"""Operations: Prometheus metrics (in-process, and summed over worker processes by the
+supervisor), JSON logs with request ids, graceful drain on SIGTERM (health goes NOT_SERVING
+first, calls in flight finish), and worker counts from the container's CPU quota."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import semigrad as sg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+from semigrad_server.cpus import available_cpus, cgroup_quota
+from semigrad_server.service import build_server
+from semigrad_server.service.auth import load_tokens
+from semigrad_server.service.metrics import Metrics
+from test_serve import free_port, stop, wait_until_serving
+
+TOKEN = "metrics-tenant-token-0123456789"
+
+
+def square_graph(n: int = 3) -> sg.Graph:
+    g = sg.Graph()
+    x = g.input("x", (n,))
+    g.output("y", sg.sum(x * x, name="s"))
+    return g
+
+
+def test_metrics_count_calls_by_rpc_status_and_tenant():
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    server, port, engine = build_server("127.0.0.1:0", metrics=metrics,
+                                        tokens=load_tokens(environ={"SEMIGRAD_TOKENS": f"m={TOKEN}"}))
+    engine.graphs = metrics.counting(engine.graphs)
+    server.start()
+    value = registry.get_sample_value
+    try:
+        with sg.Client(f"127.0.0.1:{port}", token=TOKEN) as client, sg.Client(f"127.0.0.1:{port}", token="") as anon:
+            f = client.register(square_graph())
+            for _ in range(5):
+                f.gradient({"x": [1.0, 2.0, 3.0]})
+            with pytest.raises(sg.NotFound):
+                client.get_graph("g-none")
+            with pytest.raises(sg.SemigradError):
+                anon.list_ops()
+        assert value("semigrad_requests_total", {"rpc": "Gradient", "code": "OK"}) == 5
+        assert value("semigrad_requests_total", {"rpc": "RegisterGraph", "code": "OK"}) == 1
+        assert value("semigrad_requests_total", {"rpc": "GetGraph", "code": "NOT_FOUND"}) == 1
+        assert value("semigrad_requests_total", {"rpc": "ListOps", "code": "UNAUTHENTICATED"}) == 1
+        assert value("semigrad_tenant_requests_total", {"tenant": "m", "code": "OK"}) == 6
+        assert value("semigrad_tenant_requests_total", {"tenant": "unauthenticated", "code": "UNAUTHENTICATED"}) == 1
+        assert value("semigrad_request_seconds_count", {"rpc": "Gradient"}) == 5
+        assert value("semigrad_requests_in_flight", {"rpc": "Gradient"}) == 0
+        assert value("semigrad_tenant_stored_graphs", {"tenant": "m"}) == 1
+        assert value("semigrad_store_operations_total", {"store": "memory", "op": "put", "outcome": "ok"}) == 1
+        # the first gradient compiles its plan; the rest take the remembered short path or hit the cache
+        assert value("semigrad_engine_events_total", {"event": "plan_compile"}) >= 1
+    finally:
+        server.stop(0)
+
+
+def test_workers_metrics_are_summed_and_logs_are_json(tmp_path):
+    """Two worker processes behind one port; /metrics on the supervisor's port counts every call
+    of both (multiprocess mode); every log line is a JSON object, call lines with request ids."""
+    port, metrics_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semigrad_server", "serve", "--port", str(port), "--workers", "2",
+         "--store", str(tmp_path / "graphs.sqlite"), "--metrics-port", str(metrics_port),
+         "--metrics-host", "127.0.0.1", "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        wait_until_serving(address, process)
+        with sg.Client(address, timeout=20) as client:
+            graph_id = client.register(square_graph()).id
+        calls = 12
+        for _ in range(calls):  # fresh connections: the kernel spreads them over both workers
+            with sg.Client(address, timeout=20) as client:
+                client.get_graph(graph_id).gradient({"x": [1.0, 2.0, 3.0]})
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    finally:
+        log = stop(process)
+    counts = {m.group(1): float(m.group(2)) for m in
+              re.finditer(r'^semigrad_requests_total\{code="OK",rpc="(\w+)"\} (\S+)$', text, re.M)}
+    assert counts.get("Gradient") == calls and counts.get("GetGraph") == calls, text
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert len(lines) >= 2 * calls + 1 and all(line.strip().startswith("{") for line in log.splitlines() if line), log
+    calls_logged = [entry for entry in lines if entry["logger"] == "semigrad.rpc" and "rpc=Gradient" in entry["message"]]
+    assert len(calls_logged) == calls and len({entry["pid"] for entry in calls_logged}) == 2
+    assert all(re.fullmatch(r"[0-9a-f]{32}", entry["request_id"]) for entry in calls_logged)
+    assert len({entry["request_id"] for entry in calls_logged}) == calls
+
+
+def test_sigterm_drains(tmp_path):
+    """SIGTERM: health answers NOT_SERVING at once, calls keep being served during --drain-seconds,
+    a call in flight finishes, and the server exits 0."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semigrad_server", "serve", "--port", str(port), "--workers", "1", "--store", "memory",
+         "--drain-seconds", "3", "--grace-seconds", "10"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        wait_until_serving(address, process)
+        entered, result = threading.Event(), {}
+
+        def hook(gradient):
+            entered.set()
+            time.sleep(2.0)  # in flight when SIGTERM arrives
+            return gradient
+
+        with sg.Client(address, timeout=30) as client:
+            f = client.register(square_graph())
+
+            def slow():
+                result["x"] = f.gradient({"x": [1.0, 2.0, 3.0]}, hooks={"s": hook})["x"]
+
+            thread = threading.Thread(target=slow)
+            thread.start()
+            assert entered.wait(20)
+            process.send_signal(signal.SIGTERM)
+            with grpc.insecure_channel(address) as channel:
+                health = health_pb2_grpc.HealthStub(channel)
+                deadline = time.monotonic() + 2.5
+                status = None
+                while time.monotonic() < deadline:
+                    status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+                    if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                        break
+                    time.sleep(0.05)
+                assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+            np.testing.assert_array_equal(f.gradient({"x": [1.0, 1.0, 1.0]})["x"], [2.0, 2.0, 2.0])  # still served
+            thread.join(30)
+            np.testing.assert_array_equal(result["x"], [2.0, 4.0, 6.0])
+        process.wait(30)
+        log = process.stdout.read()
+        assert process.returncode == 0, log
+        assert "draining" in log
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize("files, quota", [({"cpu.max": "150000 100000\n"}, 1.5), ({"cpu.max": "50000 100000\n"}, 0.5),
+                                          ({"cpu.max": "max 100000\n"}, None),
+                                          ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.0),
+                                          ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+                                          ({}, None)])
+def test_workers_follow_the_cgroup_cpu_quota(tmp_path, files, quota):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_quota(tmp_path) == quota
+    cpus = len(os.sched_getaffinity(0))
+    expected = cpus if quota is None else max(1, min(cpus, -(-quota // 1)))
+    assert available_cpus(tmp_path) == expected

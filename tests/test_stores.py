@@ -1,0 +1,246 @@
+"""The graph stores behind one interface (memory, SQLite, Redis): tenant scoping, per-tenant
+eviction and quotas, atomic quota checks under concurrent writers, sharing between processes
+or replicas, and durability of acknowledged writes (Redis killed with -9 and restarted)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from redis_server import running_redis
+from semigrad_server.errors import ResourceExhausted
+from semigrad_server.store import MemoryGraphStore, Quota, SqliteGraphStore, open_store
+
+UNBOUNDED = Quota()
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def make_store(request, tmp_path):
+    """A factory of stores on one backing (two calls: two handles on the same data, like two
+    workers or replicas, except for memory, which is one process's own)."""
+    made = []
+
+    def make():
+        if request.param == "memory":
+            store = made[0] if made else MemoryGraphStore()
+        elif request.param == "sqlite":
+            store = SqliteGraphStore(tmp_path / "graphs.sqlite")
+        else:
+            import redis
+
+            url = request.getfixturevalue("redis_url")
+            if not made:
+                redis.Redis.from_url(url).flushdb()
+            store = open_store(url)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+def test_put_get_delete(make_store):
+    store = make_store()
+    assert store.put("a", "g1", b"one", UNBOUNDED) is True
+    assert store.put("a", "g1", b"one", UNBOUNDED) is False  # present: not stored again
+    assert store.get("a", "g1") == b"one" and store.contains("a", "g1")
+    assert store.get("a", "g2") is None and not store.contains("a", "g2")
+    assert store.usage("a").graphs == 1 and store.usage("a").bytes == 3
+    assert store.delete("a", "g1") is True
+    assert store.delete("a", "g1") is False
+    assert store.get("a", "g1") is None and store.usage("a").graphs == 0 and store.usage("a").bytes == 0
+
+
+def test_tenants_see_only_their_own_graphs(make_store):
+    store = make_store()
+    store.put("a", "g", b"weights of a", UNBOUNDED)
+    assert store.get("b", "g") is None and not store.contains("b", "g")
+    assert store.delete("b", "g") is False and store.get("a", "g") == b"weights of a"
+    # b registering the same graph is b's first registration (created), and says nothing of a's
+    assert store.put("b", "g", b"weights of a", UNBOUNDED) is True
+    assert store.delete("a", "g") is True
+    assert store.get("b", "g") == b"weights of a" and store.get("a", "g") is None
+
+
+def test_a_tenant_evicts_only_its_own_oldest(make_store):
+    store = make_store()
+    quota = Quota(capacity=3)
+    store.put("b", "kept", b"b", quota)
+    for i in range(4):
+        store.put("a", f"g{i}", b"x" * (i + 1), quota)
+    assert [store.contains("a", f"g{i}") for i in range(4)] == [False, True, True, True]
+    assert store.usage("a").graphs == 3 and store.usage("a").bytes == 2 + 3 + 4
+    assert store.get("b", "kept") == b"b"
+
+
+@pytest.mark.parametrize("limit", ["graphs", "bytes"])
+def test_quotas_refuse_past_the_limit_and_store_nothing(make_store, limit):
+    store = make_store()
+    quota = Quota(graphs=2) if limit == "graphs" else Quota(bytes=10)
+    sizes = [b"x" * 4, b"y" * 6] if limit == "bytes" else [b"x", b"y"]
+    assert store.put("a", "g0", sizes[0], quota) and store.put("a", "g1", sizes[1], quota)  # at the quota: fine
+    with pytest.raises(ResourceExhausted, match=f"tenant 'a'.*quota of {2 if limit == 'graphs' else 10} {limit}"):
+        store.put("a", "g2", b"z", quota)
+    assert not store.contains("a", "g2") and store.usage("a").graphs == 2
+    assert store.put("a", "g1", sizes[1], quota) is False  # present: no quota question
+    assert store.put("b", "g2", b"z", quota) is True  # another tenant's quota is its own
+    store.delete("a", "g0")
+    assert store.put("a", "g2", b"z", quota) is True
+
+
+def test_quota_holds_under_concurrent_writers(make_store):
+    """Two handles (workers or replicas) and 8 threads racing: exactly the quota gets in."""
+    stores = [make_store(), make_store()]
+    quota = Quota(graphs=5)
+    created, refused = [], []
+
+    def write(i):
+        try:
+            created.append(stores[i % 2].put("a", f"g{i}", b"x", quota))
+        except ResourceExhausted:
+            refused.append(i)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(created) == 5 and len(refused) == 11
+    assert stores[0].usage("a").graphs == 5
+
+
+def test_handles_share_the_store(make_store):
+    first, second = make_store(), make_store()
+    first.put("a", "g", b"data", UNBOUNDED)
+    assert second.get("a", "g") == b"data"
+
+
+def test_sqlite_store_adopts_files_written_before_tenants(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE graphs (id TEXT PRIMARY KEY, data BLOB NOT NULL, stored REAL NOT NULL "
+               "DEFAULT (julianday('now')))")
+    db.execute("INSERT INTO graphs (id, data) VALUES ('g', x'0102')")
+    db.commit()
+    db.close()
+    store = SqliteGraphStore(path)
+    assert store.get("", "g") == b"\x01\x02" and store.get("a", "g") is None
+    store.close()
+
+
+def test_redis_acknowledged_writes_survive_kill_9(tmp_path):
+    """appendfsync always: every acknowledged registration is on disk before Redis answers."""
+    with running_redis(tmp_path / "r") as server:
+        store = open_store(server.url)
+        for i in range(200):
+            assert store.put("a", f"g{i}", f"graph {i}".encode(), UNBOUNDED)
+        server.kill()
+        store.close()
+        server.start()
+        store = open_store(server.url)
+        assert all(store.get("a", f"g{i}") == f"graph {i}".encode() for i in range(200))
+        assert store.usage("a").graphs == 200
+        store.close()
+
+
+def test_unreachable_redis_is_unavailable(tmp_path):
+    from semigrad_server.errors import Unavailable
+    from redis_server import free_port
+
+    store = open_store(f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(Unavailable, match="graph store"):
+        store.get("a", "g")
+
+
+def test_unknown_store_scheme_is_refused():
+    from semigrad_server.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="unknown store"):
+        open_store("mongodb://127.0.0.1/x")
+
+
+def test_two_servers_on_one_redis_serve_each_others_graphs(redis_url):
+    """A graph registered through one server is compiled by the other from the stored definition;
+    a deletion through either is seen by both."""
+    import numpy as np
+    import semigrad as sg
+    from semigrad_server.engine import Engine
+    from semigrad_server.service import build_server
+
+    servers = [build_server("127.0.0.1:0", engine=Engine(store=open_store(redis_url))) for _ in range(2)]
+    for server, _, _ in servers:
+        server.start()
+    try:
+        g = sg.Graph()
+        x = g.input("x", (3,))
+        g.output("y", sg.sum(sg.sin(x) * x))
+        point = np.array([0.1, -1.2, 2.5])
+        with sg.Client(f"127.0.0.1:{servers[0][1]}") as first, sg.Client(f"127.0.0.1:{servers[1][1]}") as second:
+            graph_id = first.register(g).id
+            assert graph_id not in servers[1][2].compiled
+            gradient = second.get_graph(graph_id).gradient({"x": point})["x"]
+            np.testing.assert_allclose(gradient, np.cos(point) * point + np.sin(point), rtol=1e-12)
+            assert second.delete_graph(graph_id) is True
+            with pytest.raises(sg.NotFound):
+                first.get_graph(graph_id)
+            with pytest.raises(sg.NotFound):  # compiled there, but no longer stored
+                second.get_graph(graph_id).gradient({"x": point})
+    finally:
+        for server, _, _ in servers:
+            server.stop(0)
+
+
+def test_a_memory_store_keeps_as_many_graphs_per_tenant_as_the_compiled_cache():
+    from semigrad_server.engine import Engine
+    from semigrad_server.ir import Graph, InputSpec
+    from semigrad_server.limits import Limits
+
+    engine = Engine(Limits(max_graphs=3))
+    ids = []
+    for n in range(1, 5):  # four distinct graphs: inputs of different shapes
+        graph = Graph(inputs=(InputSpec("x", (n,)),), nodes=(), outputs=(("y", "x"),))
+        ids.append(engine.register(graph)[0].id)
+    assert [engine.graphs.contains("", i) for i in ids] == [False, True, True, True]
+
+
+def test_a_full_redis_is_resource_exhausted(tmp_path):
+    """Redis at its maxmemory refuses writes (noeviction): RESOURCE_EXHAUSTED naming the store; reads go on."""
+    import redis
+
+    with running_redis(tmp_path / "r") as server:
+        store = open_store(server.url)
+        store.put("a", "small", b"x", UNBOUNDED)
+        redis.Redis.from_url(server.url).config_set("maxmemory", 1)  # below what Redis already uses
+        with pytest.raises(ResourceExhausted, match="graph store .* is full"):
+            store.put("a", "big", b"y" * 100_000, UNBOUNDED)
+        assert store.get("a", "small") == b"x" and not store.contains("a", "big")
+        store.close()
+
+
+def test_the_server_warns_about_a_redis_that_may_lose_graphs(tmp_path, caplog):
+    import logging
+
+    import redis
+
+    with running_redis(tmp_path / "r") as server:
+        admin = redis.Redis.from_url(server.url)
+        with caplog.at_level(logging.WARNING, logger="semigrad.store"):
+            open_store(server.url).close()
+        assert not caplog.records  # appendonly yes, appendfsync always, noeviction: nothing to say
+        for setting, value, said in [("appendfsync", "everysec", "fsyncs its log everysec"),
+                                     ("appendonly", "no", "without appendonly"),
+                                     ("maxmemory-policy", "allkeys-lru", "evicts keys")]:
+            admin.config_set(setting, value)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="semigrad.store"):
+                open_store(server.url).close()
+            assert any(said in r.getMessage() for r in caplog.records), (setting, caplog.records)

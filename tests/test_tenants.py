@@ -1,0 +1,239 @@
+"""Bearer-token authentication and tenants over real gRPC: without a valid token every RPC but
+health is UNAUTHENTICATED; a tenant gets, uses, deletes and learns of only its own graphs;
+per-tenant quotas (graphs, bytes, calls in flight) answer RESOURCE_EXHAUSTED on the far side of
+the limit and not on the near side."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import semigrad as sg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from semigrad.v1 import semigrad_pb2 as pb
+from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
+from semigrad_server.limits import Limits
+from semigrad_server.service import build_server
+from semigrad_server.service.auth import Tokens, load_tokens
+
+TOKEN_A = "token-of-tenant-a-0123456789"
+TOKEN_B = "token-of-tenant-b-9876543210"
+
+
+def tokens() -> Tokens:
+    return load_tokens(environ={"SEMIGRAD_TOKENS": f"a={TOKEN_A}, b={TOKEN_B}"})
+
+
+@pytest.fixture(scope="module")
+def address():
+    server, port, _ = build_server("127.0.0.1:0", tokens=tokens())
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def weights_graph(value: float) -> sg.Graph:
+    g = sg.Graph()
+    x = g.input("x", (2,))
+    w = g.const(np.array([value, 2.0]), name="w")
+    g.output("y", sg.sum(w * x * x, name="s"))
+    return g
+
+
+# Every RPC of the service, with an empty request: authentication comes before decoding.
+RPCS = [(m.name, m.client_streaming, m.server_streaming) for m in pb.DESCRIPTOR.services_by_name["GraphService"].methods]
+
+
+@pytest.mark.parametrize("metadata", [None, (("authorization", "Bearer not-a-token-at-all-xxxx"),),
+                                      (("authorization", TOKEN_A),), (("authorization", "Basic " + TOKEN_A),)],
+                         ids=["none", "wrong", "no-scheme", "basic"])
+@pytest.mark.parametrize("rpc", RPCS, ids=[r[0] for r in RPCS])
+def test_every_rpc_needs_a_valid_token(address, rpc, metadata):
+    name, client_streaming, server_streaming = rpc
+    with grpc.insecure_channel(address) as channel:
+        path = f"/semigrad.v1.GraphService/{name}"
+        identity = lambda b: b  # noqa: E731 - raw bytes both ways
+        kind = {(False, False): channel.unary_unary, (False, True): channel.unary_stream,
+                (True, False): channel.stream_unary, (True, True): channel.stream_stream}[client_streaming,
+                                                                                          server_streaming]
+        call = kind(path, request_serializer=identity, response_deserializer=identity)
+        request = iter([b""]) if client_streaming else b""
+        with pytest.raises(grpc.RpcError) as info:
+            result = call(request, timeout=10, metadata=metadata)
+            if server_streaming:
+                list(result)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
+
+
+def test_health_needs_no_token(address):
+    with grpc.insecure_channel(address) as channel:
+        response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_valid_token_is_served(address):
+    with sg.Client(address, token=TOKEN_A) as client:
+        f = client.register(weights_graph(3.0))
+        np.testing.assert_allclose(f.gradient({"x": [1.0, -2.0]})["x"], [2 * 3.0 * 1.0, 2 * 2.0 * -2.0])
+        assert client.list_ops()
+
+
+def test_tenants_see_only_their_own_graphs(address):
+    with sg.Client(address, token=TOKEN_A) as a, sg.Client(address, token=TOKEN_B) as b:
+        graph = weights_graph(7.0)
+        registered = a.register(graph)
+        assert registered.created
+        graph_id = registered.id
+        # b cannot get it (its weights), use it, describe it, check it, or delete it
+        with pytest.raises(sg.NotFound):
+            b.get_graph(graph_id)
+        stub = pb_grpc.GraphServiceStub(b.transport.channel)
+        for method, request in [("Gradient", pb.GradientRequest(graph_id=graph_id)),
+                                ("Evaluate", pb.EvaluateRequest(graph_id=graph_id)),
+                                ("DescribeGraph", pb.DescribeGraphRequest(graph_id=graph_id)),
+                                ("SymbolicGradient", pb.SymbolicGradientRequest(graph_id=graph_id)),
+                                ("CrossCheck", pb.CrossCheckRequest(graph_id=graph_id)),
+                                ("DrawGraph", pb.DrawGraphRequest(graph_id=graph_id))]:
+            with pytest.raises(grpc.RpcError) as info:
+                getattr(stub, method)(request, timeout=10, metadata=b.transport.metadata)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND, (method, info.value.details())
+        assert b.delete_graph(graph_id) is False
+        assert a.get_graph(graph_id).evaluate({"x": [1.0, 1.0]})["y"] == pytest.approx(9.0)
+        # b registering the same graph learns nothing of a's: created, as for a first registration
+        assert b.register(graph).created
+        assert not b.register(graph).created
+        # a deletes its registration: b's stays
+        assert a.delete_graph(graph_id) is True
+        with pytest.raises(sg.NotFound):
+            a.get_graph(graph_id)
+        assert b.get_graph(graph_id).evaluate({"x": [1.0, 1.0]})["y"] == pytest.approx(9.0)
+        assert a.register(graph).created  # a's anew
+
+
+def test_tokens_file_and_bad_entries(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_text(f"# tenants\na {TOKEN_A}\nb {TOKEN_B}  # rotation: two tokens for b\nb {TOKEN_B}-new\n")
+    loaded = load_tokens(path, environ={})
+    assert loaded.tenant_of([("authorization", f"Bearer {TOKEN_B}-new")]) == "b"
+    assert loaded.tenant_of([("authorization", f"bearer {TOKEN_A}")]) == "a"
+    for text, message in [("a\n", "expected 'TENANT TOKEN'"), ("a short\n", "16-4096"),
+                          (f"a/b {TOKEN_A}\n", "tenant name"), (f"a {TOKEN_A}\nb {TOKEN_A}\n", "one token is given")]:
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_tokens(path, environ={})
+    assert not load_tokens(None, environ={}).enabled
+
+
+def serving(limits: Limits):
+    server, port, _ = build_server("127.0.0.1:0", limits=limits, tokens=tokens())
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("quota", ["graphs", "bytes"])
+def test_store_quotas(quota):
+    graphs = [weights_graph(float(v)) for v in range(4)]
+    sizes = []
+    from semigrad_server import ir
+    from semigrad_server.service import convert
+
+    sizes = [len(ir.serialize(convert.graph_from_proto(g.to_proto()))) for g in graphs]
+    limits = Limits(max_tenant_graphs=3) if quota == "graphs" else Limits(max_tenant_bytes=sum(sizes[:3]))
+    server, address = serving(limits)
+    try:
+        with sg.Client(address, token=TOKEN_A) as a, sg.Client(address, token=TOKEN_B) as b:
+            ids = [a.register(g).id for g in graphs[:3]]  # exactly at the quota
+            with pytest.raises(sg.ResourceExhausted, match=f"tenant 'a'.*quota of .* {quota}"):
+                a.register(graphs[3])
+            assert not a.register(graphs[0]).created  # already stored: no quota question
+            assert b.register(graphs[3]).created  # b's quota is b's own
+            a.delete_graph(ids[0])
+            assert a.register(graphs[3]).created
+    finally:
+        server.stop(0)
+
+
+def test_concurrent_requests_quota():
+    """Two calls of tenant a in flight at once are allowed, a third is RESOURCE_EXHAUSTED; b is not
+    affected. Calls are held in flight by client hooks the test answers when it chooses."""
+    server, address = serving(Limits(max_tenant_requests=2))
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def hook(gradient):
+        entered.release()
+        release.wait(20)
+        return gradient
+
+    try:
+        with sg.Client(address, token=TOKEN_A) as a, sg.Client(address, token=TOKEN_B) as b:
+            f = a.register(weights_graph(1.0))
+            results, errors = [], []
+
+            def held():
+                try:
+                    results.append(f.gradient({"x": [1.0, 2.0]}, hooks={"s": hook})["x"])
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+
+            threads = [threading.Thread(target=held) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for _ in range(2):
+                assert entered.acquire(timeout=20)
+            with pytest.raises(sg.ResourceExhausted, match="tenant 'a' has 2 calls in flight.*quota is 2"):
+                f.gradient({"x": [1.0, 2.0]})
+            fb = b.register(weights_graph(1.0))
+            np.testing.assert_allclose(fb.gradient({"x": [1.0, 2.0]})["x"], [2.0, 8.0])
+            release.set()
+            for t in threads:
+                t.join(20)
+            assert not errors and len(results) == 2
+            np.testing.assert_allclose(f.gradient({"x": [1.0, 2.0]})["x"], [2.0, 8.0])  # free again
+    finally:
+        release.set()
+        server.stop(0)
+
+
+def test_token_length_bounds():
+    from semigrad_server.errors import Unauthenticated
+    from semigrad_server.service.auth import MAX_TOKEN_CHARS, MIN_TOKEN_CHARS
+
+    table = Tokens()
+    with pytest.raises(ValueError, match="16-4096"):
+        table.add("t", "x" * (MIN_TOKEN_CHARS - 1), "test")
+    table.add("t", "y" * MIN_TOKEN_CHARS, "test")
+    table.add("t", "z" * MAX_TOKEN_CHARS, "test")
+    with pytest.raises(ValueError, match="16-4096"):
+        table.add("t", "w" * (MAX_TOKEN_CHARS + 1), "test")
+    assert table.tenant_of([("authorization", "Bearer " + "y" * MIN_TOKEN_CHARS)]) == "t"
+    assert table.tenant_of([("authorization", "Bearer " + "z" * MAX_TOKEN_CHARS)]) == "t"
+    with pytest.raises(Unauthenticated, match="invalid token"):
+        table.tenant_of([("authorization", "Bearer " + "z" * (MAX_TOKEN_CHARS + 1))])
+    with pytest.raises(Unauthenticated, match="more than one"):
+        table.tenant_of([("authorization", "Bearer " + "y" * 16), ("authorization", "Bearer " + "y" * 16)])
+
+
+def test_request_ids(address):
+    """A client's own x-request-id (1-64 of [A-Za-z0-9._:-]) comes back; anything else is replaced
+    by a fresh 32-hex-digit id."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.GraphServiceStub(channel)
+        auth = ("authorization", f"Bearer {TOKEN_A}")
+        for given, kept in [("job-17.chunk:3", True), ("a" * 64, True), ("a" * 65, False), ("bad id", False)]:
+            _, call = stub.ListOps.with_call(pb.ListOpsRequest(), metadata=(auth, ("x-request-id", given)), timeout=10)
+            returned = dict(call.trailing_metadata())["x-request-id"]
+            assert (returned == given) == kept, (given, returned)
+            if not kept:
+                assert len(returned) == 32 and int(returned, 16) >= 0
+
+
+def test_tenant_name_bounds():
+    table = Tokens()
+    table.add("t" * 64, "k" * 20, "test")
+    assert table.tenant_of([("authorization", "Bearer " + "k" * 20)]) == "t" * 64
+    for name in ("t" * 65, "", "-leading", "a b"):
+        with pytest.raises(ValueError, match="tenant name"):
+            table.add(name, "m" * 20, "test")

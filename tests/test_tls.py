@@ -1,0 +1,150 @@
+"""TLS and mutual TLS with certificates made in the test: the right certificates connect, a
+client that does not trust the server, a plaintext client, and (mTLS) a client without a
+certificate or with one from another CA cannot; a token travels with TLS."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import semigrad as sg
+from semigrad_server.service import build_server
+from semigrad_server.service.auth import load_tokens
+from semigrad_server.service.tls import TlsFiles, tls_files
+from tls_certs import issue, make_ca, write
+
+TOKEN = "tls-tenant-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("pki")
+    ca, other_ca = make_ca(), make_ca("another CA")
+    files = {"ca": write(directory, "ca", ca)[0], "other_ca": write(directory, "other-ca", other_ca)[0]}
+    files["server"] = write(directory, "server", issue(ca, "semigrad server", server=True))
+    files["client"] = write(directory, "client", issue(ca, "semigrad client", server=False))
+    files["stranger"] = write(directory, "stranger", issue(other_ca, "stranger", server=False))
+    return files
+
+
+def start(tls: TlsFiles, **kwargs):
+    server, port, _ = build_server("127.0.0.1:0", tls=tls, **kwargs)
+    server.start()
+    return server, f"localhost:{port}"
+
+
+def square_graph() -> sg.Graph:
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    g.output("y", sg.sum(x * x))
+    return g
+
+
+POINT = np.array([1.0, -2.0, 0.5])
+
+
+def works(client: sg.Client) -> None:
+    np.testing.assert_array_equal(client.register(square_graph()).gradient({"x": POINT})["x"], 2 * POINT)
+
+
+def fails(client: sg.Client) -> None:
+    with pytest.raises(sg.SemigradError) as info:
+        client.list_ops()
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE, info.value
+
+
+def test_tls(pki):
+    server, address = start(TlsFiles(*pki["server"]))
+    try:
+        with sg.Client(address, root_certificates=pki["ca"], timeout=10) as client:
+            works(client)
+        with sg.Client(address, root_certificates=pki["other_ca"], timeout=3) as client:
+            fails(client)  # does not trust the server's certificate
+        with sg.Client(address, timeout=3) as client:
+            fails(client)  # plaintext to a TLS port
+    finally:
+        server.stop(0)
+
+
+def test_mutual_tls_with_a_token(pki):
+    server, address = start(TlsFiles(*pki["server"], client_ca=pki["ca"]),
+                            tokens=load_tokens(environ={"SEMIGRAD_TOKENS": f"t={TOKEN}"}))
+    try:
+        cert, key = pki["client"]
+        with sg.Client(address, root_certificates=pki["ca"], certificate_chain=cert, private_key=key, token=TOKEN,
+                       timeout=10) as client:
+            works(client)
+        with sg.Client(address, root_certificates=pki["ca"], certificate_chain=cert, private_key=key, token="x" * 20,
+                       timeout=10) as client:
+            with pytest.raises(sg.SemigradError) as info:
+                client.list_ops()
+            assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with sg.Client(address, root_certificates=pki["ca"], token=TOKEN, timeout=3) as client:
+            fails(client)  # no client certificate
+        cert, key = pki["stranger"]
+        with sg.Client(address, root_certificates=pki["ca"], certificate_chain=cert, private_key=key, token=TOKEN,
+                       timeout=3) as client:
+            fails(client)  # a certificate from a CA the server does not trust
+    finally:
+        server.stop(0)
+
+
+def test_tls_options_must_make_sense(pki, tmp_path):
+    assert tls_files(None, None, None) is None
+    with pytest.raises(ValueError, match="both --tls-cert and --tls-key"):
+        tls_files(pki["server"][0], None, None)
+    with pytest.raises(ValueError, match="--tls-client-ca needs"):
+        tls_files(None, None, pki["ca"])
+    with pytest.raises(ValueError, match="no file"):
+        tls_files(str(tmp_path / "missing.crt"), pki["server"][1], None)
+    with pytest.raises(ValueError, match="both a private key and a certificate chain"):
+        sg.Client("localhost:1", private_key=pki["client"][1])
+
+
+def test_semigrad_serve_with_mutual_tls_and_tokens(pki, tmp_path):
+    """The command line's --tls-cert/--tls-key/--tls-client-ca and --tokens reach the server."""
+    import subprocess
+    import sys
+    import time
+
+    from test_serve import free_port, stop
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"t {TOKEN}\n")
+    port = free_port()
+    cert, key = pki["server"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semigrad_server", "serve", "--port", str(port), "--workers", "1", "--store", "memory",
+         "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", pki["ca"], "--tokens", str(tokens)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client_cert, client_key = pki["client"]
+        options = dict(root_certificates=pki["ca"], certificate_chain=client_cert, private_key=client_key, timeout=10)
+        deadline = time.monotonic() + 60
+        with sg.Client(f"localhost:{port}", token=TOKEN, **options) as client:
+            while True:
+                assert process.poll() is None, process.communicate()
+                try:
+                    client.list_ops()
+                    break
+                except sg.SemigradError:
+                    assert time.monotonic() < deadline, "not serving within 60 s"
+                    time.sleep(0.2)
+            works(client)
+        with sg.Client(f"localhost:{port}", token="", **options) as client:
+            with pytest.raises(sg.SemigradError) as info:
+                client.list_ops()
+            assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        log = stop(process)
+    assert "auth: 1 tenants; tls: mutual" in log
+
+
+def test_semigrad_serve_refuses_a_bad_token_file(tmp_path):
+    """(Half TLS options take the same way out: tls_files raises ValueError, test_tls_options_must_make_sense.)"""
+    from test_serve import free_port, run_cli
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("only-one-field\n")
+    result = run_cli("serve", "--port", str(free_port()), "--store", "memory", "--workers", "1", "--tokens", str(tokens))
+    assert result.returncode == 2 and "expected 'TENANT TOKEN'" in result.stderr, result.stderr
