@@ -15,3 +15,13 @@ _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Healt
 settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_COMMON)
 settings.register_profile("fuzz", max_examples=2_000, print_blob=True, **_COMMON)
 settings.load_profile("fuzz" if os.environ.get("SEMIGRAD_FUZZ") else "ci")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The differential fuzzer's count of cases (the closing note of issue 12 quotes it)."""
+    import sys
+
+    module = sys.modules.get("test_engine_differential")
+    if module is not None and module.STATS:
+        counts = ", ".join(f"{key}: {n}" for key, n in sorted(module.STATS.items()))
+        terminalreporter.write_line(f"differential fuzzer: {counts}")
