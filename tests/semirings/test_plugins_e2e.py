@@ -23,6 +23,7 @@ EXPECTED = {
     "maxplus": math.log(1.5),
     "minplus": 0.0,
     "bottleneck": 0.5,
+    "signed_max_product": 1.5,  # the most positive path product (its "min" is 1.0)
 }
 
 
