@@ -44,10 +44,12 @@ def gradient_result(cg, s, spec, backward: BackwardGraph, results: Mapping, batc
     gradients (semiring values read back, with their components if asked), forward values,
     retained adjoints, hook records, best paths."""
     result = GradientResult()
-    members = getattr(s, "members", None)  # a ProductSemiring: several semirings in one walk
+    members, split = getattr(s, "members", None), getattr(s, "split", None)  # a ProductSemiring: several in one walk
+    if not members and spec.semirings:  # a list of one semiring: still answered by name
+        members, split = (s,), lambda value: [value]
     if members:
         result.semirings = {m.name: GradientResult() for m in members}
-        parts = lambda value: zip(members, s.split(value), result.semirings.values())  # noqa: E731
+        parts = lambda value: zip(members, split(value), result.semirings.values())  # noqa: E731
     else:
         parts = lambda value: ((s, value, result),)  # noqa: E731
     for x in wrt:
