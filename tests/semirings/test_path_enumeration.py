@@ -27,7 +27,8 @@ from semigrad_server.service.convert import graph_from_proto
 SEEDS = list(range(int(os.environ.get("SEMIGRAD_PATH_SEEDS", "32"))))
 CONFIGS = [("real", {}), ("max_product", {}), ("log", {}), ("entropy", {}), ("kbest", {"k": 3}),
            ("kbest", {"k": 1}), ("boolean", {}), ("counting", {}), ("maxplus", {}), ("minplus", {}),
-           ("bottleneck", {}), ("signed_max_product", {})]
+           ("bottleneck", {}), ("signed_max_product", {}),
+           ("log_entropy", {}), ("log_counting", {})]
 CONFIG_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in CONFIGS]
 SELECTIVE = ["max_product", "boolean", "maxplus", "minplus", "bottleneck"]
 
@@ -218,6 +219,8 @@ def test_invariants_between_semirings(served, seed):
         if products:
             assert max(abs(signed["max"]), abs(signed["min"])) == pytest.approx(value["max_product"], rel=1e-12), where
         entropy = value["entropy"]
+        assert value["log_entropy"] == pytest.approx(entropy, rel=1e-9, abs=1e-9), where
+        assert math.exp(value["log_counting"]) == pytest.approx(count, rel=1e-12, abs=0), where
         assert 0.0 <= entropy <= math.log(max(count, 1)) + 1e-9, where
         if count == 1:
             assert entropy == pytest.approx(0.0, abs=1e-12), where

@@ -24,6 +24,8 @@ EXPECTED = {
     "minplus": 0.0,
     "bottleneck": 0.5,
     "signed_max_product": 1.5,  # the most positive path product (its "min" is 1.0)
+    "log_entropy": H_04_06,
+    "log_counting": math.log(2.0),
 }
 
 

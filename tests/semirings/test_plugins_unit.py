@@ -14,7 +14,7 @@ from semigrad_server.semiring import Semiring, check_axioms
 from semigrad_server.semiring.loader import GROUP, SemiringRegistry
 
 PLUGINS = {
-    "semigrad-paths": ("max_product", "log", "entropy", "kbest", "signed_max_product"),
+    "semigrad-paths": ("max_product", "log", "entropy", "kbest", "signed_max_product", "log_entropy", "log_counting"),
     "semigrad-logic": ("boolean", "counting", "maxplus", "minplus", "bottleneck"),
 }
 NAMES = [name for names in PLUGINS.values() for name in names]
@@ -63,6 +63,7 @@ def test_declared_properties(registry, name):
         "boolean": (True, True, True, 1), "counting": (True, False, False, 1),
         "maxplus": (True, True, True, 1), "minplus": (True, True, True, 1),
         "bottleneck": (True, True, True, 1), "signed_max_product": (True, True, False, 2),
+        "log_entropy": (True, False, False, 2), "log_counting": (True, False, False, 1),
     }[name]
     assert (s.commutative, s.idempotent, s.selective, s.components) == expected
 
@@ -102,6 +103,8 @@ EXPECTED = {
     "minplus": {"value": math.log(1.0)},
     "bottleneck": {"value": 0.5},  # max(min(2, 1, 0.5), min(3, 1, 0.5))
     "signed_max_product": {"max": 1.5, "min": 1.0},
+    "log_entropy": {"entropy": H_04_06, "log_Z": math.log(2.5), "Q": -1.5 * math.log(1.5) / 2.5},
+    "log_counting": {"value": math.log(2.0)},
 }
 
 
