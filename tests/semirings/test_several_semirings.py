@@ -224,3 +224,18 @@ def test_the_product_is_a_semiring():
     s = registry.product(["real", "entropy", "signed_max_product", "boolean", "kbest"])
     assert s.components == 1 + 2 + 2 + 1 + 3
     assert check_axioms(s, samples=128) == []
+
+
+def test_gradient_many_streams_several_semirings(mlp):
+    """Chunks of a streamed job reassemble per semiring, equal to one call on the whole batch."""
+    rng = np.random.default_rng(3)
+    point = {"x": rng.normal(size=(7, 3))}
+    names = ["real", "entropy", "signed_max_product"]
+    whole = mlp.gradient(point, semiring=names, return_components=True, retain=["h"])
+    streamed = mlp.gradient_many(point, chunk_size=3, semiring=names, return_components=True, retain=["h"])
+    assert isinstance(streamed, sg.SemiringGradients) and set(streamed) == set(names)
+    for name in names:
+        np.testing.assert_array_equal(streamed[name]["x"], whole[name]["x"])
+        np.testing.assert_array_equal(streamed[name].retained["h"], whole[name].retained["h"])
+        for key, value in whole[name].components["x"].items():
+            np.testing.assert_array_equal(streamed[name].components["x"][key], value)
