@@ -239,3 +239,17 @@ def test_gradient_many_streams_several_semirings(mlp):
         np.testing.assert_array_equal(streamed[name].retained["h"], whole[name].retained["h"])
         for key, value in whole[name].components["x"].items():
             np.testing.assert_array_equal(streamed[name].components["x"][key], value)
+
+
+def test_real_in_a_list_is_the_gradient_up_to_rounding(client):
+    """With fused ops (softmax, layer_norm, logsumexp) the real member runs their element-level
+    adjoints, not the O(n) formulas: the same gradient, to rounding."""
+    g = sg.Graph()
+    x = g.input("x", (5,))
+    w = np.random.default_rng(0).normal(size=(5, 5))
+    g.output("y", (sg.softmax(g.const(w) @ x) * np.arange(5.0)).sum() + sg.layer_norm(x).sum() * 0.3
+             + sg.logsumexp(x))
+    f = client.register(g)
+    point = {"x": np.random.default_rng(1).normal(size=(4, 5))}
+    both = f.gradient(point, semiring=["real", "max_product"])
+    np.testing.assert_allclose(both["real"]["x"], f.gradient(point)["x"], rtol=1e-13, atol=1e-15)

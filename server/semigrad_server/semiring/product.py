@@ -6,7 +6,9 @@ members' values, applies each member's own method (so each member's vectorised `
 `sum` and `scatter_add` run on its own components, not a generic default) and concatenates
 the results. The product of semirings is a semiring, so a backward pass under it is, member
 by member, exactly the backward pass under that member: the same forward values, the same
-lifted partials, the same member operations in the same order.
+lifted partials, the same member operations in the same order. (The real semiring alone is
+differentiated by ordinary ops, not semiring ones; in a product it runs as a semiring, equal
+to the plain gradient up to rounding.)
 
 It is built by the engine from a request's list of semiring names (not a plugin): it is not
 selective (⊕ picks per member, not one operand), so best paths are not offered.
