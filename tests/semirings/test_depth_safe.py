@@ -107,3 +107,33 @@ def test_counts_past_2_53_with_log_counting(client):
     # the count itself, to ~1e-13 relative (the log's error times log(count))
     for g, e in zip(got, exact):
         assert float(mpmath.exp(mpmath.mpf(float(g))) / e) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_signed_max_product_in_log_space(client):
+    """12 layers of signed partials around 1e-32: the signed extremes underflow in float64
+    (signed_max_product reads ±0), log_signed_max_product keeps their signs and logs."""
+    rng = np.random.default_rng(3)
+    weights = [scales(rng, (4, 4), -35, -30, density=0.8) for _ in range(12)]
+    f = client.register(chain(weights))
+    point = {"x": np.ones(4)}
+
+    def extremes(values, column):  # (max, min) of the signed path products below, exactly
+        hi, lo = None, None
+        for (h, low), w in zip(values, column):
+            if w != 0 and h is not None:
+                w = mpmath.mpf(float(w))
+                cands = (w * h, w * low)
+                hi = max(cands) if hi is None else max(hi, *cands)
+                lo = min(cands) if lo is None else min(lo, *cands)
+        return hi, lo
+
+    want = backward_dp(weights, (mpmath.mpf(1), mpmath.mpf(1)), extremes)
+    assert all(h is not None and h != 0 for h, _ in want)
+    got = f.gradient(point, semiring="log_signed_max_product", return_components=True).components["x"]
+    for key, pick in (("max", 0), ("min", 1)):
+        exact = [v[pick] for v in want]
+        np.testing.assert_array_equal(got[f"sign_{key}"], [float(mpmath.sign(v)) for v in exact])
+        np.testing.assert_allclose(got[f"log_abs_{key}"], [float(mpmath.log(abs(v))) for v in exact], rtol=1e-13)
+    assert all(float(mpmath.log(abs(h))) < math.log(5e-324) for h, _ in want)  # float64 cannot hold them
+    plain = f.gradient(point, semiring="signed_max_product", return_components=True).components["x"]
+    assert np.all(plain["max"] == 0) and np.all(plain["min"] == 0)

@@ -28,7 +28,7 @@ SEEDS = list(range(int(os.environ.get("SEMIGRAD_PATH_SEEDS", "32"))))
 CONFIGS = [("real", {}), ("max_product", {}), ("log", {}), ("entropy", {}), ("kbest", {"k": 3}),
            ("kbest", {"k": 1}), ("boolean", {}), ("counting", {}), ("maxplus", {}), ("minplus", {}),
            ("bottleneck", {}), ("signed_max_product", {}),
-           ("log_entropy", {}), ("log_counting", {})]
+           ("log_entropy", {}), ("log_counting", {}), ("log_signed_max_product", {})]
 CONFIG_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in CONFIGS]
 SELECTIVE = ["max_product", "boolean", "maxplus", "minplus", "bottleneck"]
 
@@ -218,6 +218,12 @@ def test_invariants_between_semirings(served, seed):
                           "min": pytest.approx(min(products, default=math.inf), rel=1e-12, abs=1e-300)}, where
         if products:
             assert max(abs(signed["max"]), abs(signed["min"])) == pytest.approx(value["max_product"], rel=1e-12), where
+        logged = {key: float(np.asarray(v)[full]) for key, v in got["log_signed_max_product"].components[x].items()}
+        assert logged["max"] == pytest.approx(signed["max"], rel=1e-12, abs=1e-300), where
+        assert logged["min"] == pytest.approx(signed["min"], rel=1e-12, abs=1e-300), where
+        if products:
+            assert logged["sign_max"] * math.exp(logged["log_abs_max"]) == pytest.approx(max(products), rel=1e-12)
+            assert logged["sign_min"] * math.exp(logged["log_abs_min"]) == pytest.approx(min(products), rel=1e-12)
         entropy = value["entropy"]
         assert value["log_entropy"] == pytest.approx(entropy, rel=1e-9, abs=1e-9), where
         assert math.exp(value["log_counting"]) == pytest.approx(count, rel=1e-12, abs=0), where

@@ -35,8 +35,8 @@ from path_reference import random_case
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "plugin_fixtures"
 GUIDE = ROOT / "docs" / "writing-a-plugin.md"
-PLUGGED = ("max_product", "log", "entropy", "kbest", "signed_max_product", "log_entropy", "log_counting", "boolean",
-           "counting", "maxplus", "minplus", "bottleneck")
+PLUGGED = ("max_product", "log", "entropy", "kbest", "signed_max_product", "log_entropy", "log_counting",
+           "log_signed_max_product", "boolean", "counting", "maxplus", "minplus", "bottleneck")
 BROKEN = {  # entry point -> what its error must say
     "broken_import": ("cannot load", "ModuleNotFoundError", "semigrad_fixture_dependency_that_is_not_installed"),
     "not_a_semiring": ("semigrad_broken_fixture.semirings:NotASemiring is not a semigrad_server.semiring.Semiring",),

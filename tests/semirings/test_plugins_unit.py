@@ -14,7 +14,8 @@ from semigrad_server.semiring import Semiring, check_axioms
 from semigrad_server.semiring.loader import GROUP, SemiringRegistry
 
 PLUGINS = {
-    "semigrad-paths": ("max_product", "log", "entropy", "kbest", "signed_max_product", "log_entropy", "log_counting"),
+    "semigrad-paths": ("max_product", "log", "entropy", "kbest", "signed_max_product", "log_entropy", "log_counting",
+                       "log_signed_max_product"),
     "semigrad-logic": ("boolean", "counting", "maxplus", "minplus", "bottleneck"),
 }
 NAMES = [name for names in PLUGINS.values() for name in names]
@@ -64,6 +65,7 @@ def test_declared_properties(registry, name):
         "maxplus": (True, True, True, 1), "minplus": (True, True, True, 1),
         "bottleneck": (True, True, True, 1), "signed_max_product": (True, True, False, 2),
         "log_entropy": (True, False, False, 2), "log_counting": (True, False, False, 1),
+        "log_signed_max_product": (True, True, False, 4),
     }[name]
     assert (s.commutative, s.idempotent, s.selective, s.components) == expected
 
@@ -105,6 +107,8 @@ EXPECTED = {
     "signed_max_product": {"max": 1.5, "min": 1.0},
     "log_entropy": {"entropy": H_04_06, "log_Z": math.log(2.5), "Q": -1.5 * math.log(1.5) / 2.5},
     "log_counting": {"value": math.log(2.0)},
+    "log_signed_max_product": {"log_abs_max": math.log(1.5), "sign_max": 1.0, "log_abs_min": 0.0, "sign_min": 1.0,
+                               "max": 1.5, "min": 1.0},
 }
 
 

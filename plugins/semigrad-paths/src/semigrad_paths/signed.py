@@ -130,3 +130,114 @@ class SignedMaxProductSemiring(Semiring):
 def _empty(value) -> np.ndarray:
     """Where a value is 0̄, the empty set (hi < lo)."""
     return np.less(value[0], value[1])
+
+
+class LogSignedMaxProductSemiring(Semiring):
+    """`signed_max_product` in log space: the most positive and the most negative path
+    product Π∂, each kept as a sign and log|Π∂|, so that deep networks (12 layers of small
+    partials) neither underflow nor overflow.
+
+    An extreme v ≠ 0 is the pair (s, t) = (sign v, sign v · log|v|); the pairs are ordered as
+    the values are: by s first, then by t (lexicographically). A value holds two extremes,
+    four arrays (hi_sign, hi_t, lo_sign, lo_t). ⊕ is the lexicographic max of the his and min
+    of the los; ⊗ takes the extremes of the four products (s1 s2, log|v1| + log|v2|) of the
+    operands' extremes. 0̄, the empty set, is hi = (−1, −inf) (below every value) and
+    lo = (+1, +inf) (above every value); ⊗ with it is 0̄; φ(d) = (sign d, sign d · log|d|)
+    twice for d ≠ 0, φ(0) = 0̄.
+
+    read() returns "log_abs_max" and "sign_max" (the most positive path product is
+    sign_max · exp(log_abs_max)), "log_abs_min" and "sign_min", and "max" and "min" as float64
+    (which may underflow, as in `signed_max_product`); the gradient is "log_abs_max". An
+    element reached by no path with non-zero partials reads log_abs_max = log_abs_min = +inf,
+    sign_max = −1, sign_min = +1 (max = −inf, min = +inf). The matmul is the blocked default.
+    """
+
+    name = "log_signed_max_product"
+    description = "signed_max_product in log space: sign and log|product| of the most positive and most negative path"
+    commutative = True
+    idempotent = True
+    selective = False
+    components = 4
+    component_names = ("hi_sign", "hi_t", "lo_sign", "lo_t")
+    primary = "log_abs_max"
+
+    def zeros(self, shape):
+        return np.full(shape, -1.0), np.full(shape, -np.inf), np.full(shape, 1.0), np.full(shape, np.inf)
+
+    def ones(self, shape):
+        return np.ones(shape), np.zeros(shape), np.ones(shape), np.zeros(shape)
+
+    def lift(self, d):
+        d = np.asarray(d, dtype=np.float64)
+        nonzero = d != 0
+        s = np.where(d < 0, -1.0, 1.0)
+        with np.errstate(divide="ignore"):
+            t = s * np.log(np.abs(d))
+        return (np.where(nonzero, s, -1.0), np.where(nonzero, t, -np.inf),
+                np.where(nonzero, s, 1.0), np.where(nonzero, t, np.inf))
+
+    def add(self, a, b):
+        hs, ht = _lex(a[0], a[1], b[0], b[1], larger=True)
+        ls, lt = _lex(a[2], a[3], b[2], b[3], larger=False)
+        return hs, ht, ls, lt
+
+    def mul(self, a, b):
+        his, los = (a[0], a[1]), (a[2], a[3])
+        hjs, ljs = (b[0], b[1]), (b[2], b[3])
+        candidates = [_times(x, y) for x in (his, los) for y in (hjs, ljs)]
+        hs, ht = candidates[0]
+        ls, lt = candidates[0]
+        for cs, ct in candidates[1:]:
+            hs, ht = _lex(hs, ht, cs, ct, larger=True)
+            ls, lt = _lex(ls, lt, cs, ct, larger=False)
+        empty = _lex_empty(a) | _lex_empty(b)
+        if np.any(empty):
+            zero = self.zeros(np.shape(empty))
+            return tuple(np.where(empty, z, v) for z, v in zip(zero, (hs, ht, ls, lt)))
+        return hs, ht, ls, lt
+
+    def sum(self, a, axis, keepdims=False):
+        hs, ht, ls, lt = np.broadcast_arrays(*a)
+        axis = tuple(axis)
+        top = np.max(hs, axis=axis, keepdims=True, initial=-1.0)
+        top_t = np.max(np.where(hs == top, ht, -np.inf), axis=axis, keepdims=True, initial=-np.inf)
+        bottom = np.min(ls, axis=axis, keepdims=True, initial=1.0)
+        bottom_t = np.min(np.where(ls == bottom, lt, np.inf), axis=axis, keepdims=True, initial=np.inf)
+        out = (top, top_t, bottom, bottom_t)
+        return out if keepdims else tuple(np.squeeze(c, axis=axis) for c in out)
+
+    def read(self, value):
+        hs, ht, ls, lt = (np.asarray(c, dtype=np.float64) for c in np.broadcast_arrays(*value))
+        log_hi, log_lo = hs * ht, ls * lt  # log|v| = s · t (+inf for the empty set's ±inf)
+        with np.errstate(over="ignore"):
+            return {"log_abs_max": log_hi, "sign_max": hs, "log_abs_min": log_lo, "sign_min": ls,
+                    "max": hs * np.exp(log_hi), "min": ls * np.exp(log_lo)}
+
+    def sample(self, rng, shape):
+        """Path sets of one or two products of either sign, and some empty ones."""
+        x, y = rng.normal(size=shape), rng.normal(size=shape)
+        single = rng.random(size=shape) < 0.3
+        hi, lo = np.maximum(x, y), np.where(single, np.maximum(x, y), np.minimum(x, y))
+        h, lw = self.lift(hi), self.lift(lo)
+        value = (h[0], h[1], lw[2], lw[3])
+        empty = rng.random(size=shape) < 0.2
+        return tuple(np.where(empty, z, v) for z, v in zip(self.zeros(shape), value))
+
+
+def _times(x, y):
+    """The pair of a product: signs multiply, logs add (t = s · log|v|)."""
+    (s1, t1), (s2, t2) = x, y
+    s = s1 * s2
+    return s, s * (s1 * t1 + s2 * t2)
+
+
+def _lex(s1, t1, s2, t2, larger: bool):
+    """The larger (or smaller) of (s1, t1) and (s2, t2), ordered by s, then t."""
+    first = (s1 > s2) | ((s1 == s2) & (t1 >= t2)) if larger else (s1 < s2) | ((s1 == s2) & (t1 <= t2))
+    return np.where(first, s1, s2), np.where(first, t1, t2)
+
+
+def _lex_empty(value) -> np.ndarray:
+    """Where a value is 0̄: its hi below its lo."""
+    hs, ht, ls, lt = value
+    return (hs < ls) | ((hs == ls) & (ht < lt))
