@@ -72,7 +72,7 @@ from semigrad_server.service.convert import graph_from_proto  # noqa: E402
 from common import fmt, machine_info, markdown_table, rerun_command, section  # noqa: E402
 
 SEMIRINGS = ["real", "max_product", "entropy", "log", "counting", "kbest", "boolean", "maxplus", "minplus",
-             "bottleneck", "signed_max_product"]
+             "bottleneck", "signed_max_product", "log_signed_max_product", "log_entropy", "log_counting"]
 # Timed as one request (one forward pass, one backward walk under their product) against three.
 PRODUCT = ["real", "max_product", "entropy"]
 RTOL = 1e-9
@@ -160,6 +160,12 @@ def expected(name: str, x, w1, w2) -> dict[str, np.ndarray]:
                "W1": pick(X[:, :, None] * D[:, None, :], axis=0) * best_b,
                "W2": np.broadcast_to(pick(H, axis=0)[:, None], B.shape)}
         return {k: np.log(v) for k, v in out.items()} if name in ("maxplus", "minplus") else out
+    if name in ("log_entropy", "log_counting", "log_signed_max_product"):  # log-space forms of three above
+        plain = expected({"log_entropy": "entropy", "log_counting": "counting",
+                          "log_signed_max_product": "signed_max_product"}[name], x, w1, w2)
+        if name == "log_entropy":
+            return plain
+        return {k: np.log(np.abs(v)) for k, v in plain.items()}  # log_abs_max: log|most positive product|
     if name == "signed_max_product":  # the largest signed path product ("max", the primary)
         bmax, bmin = w2.max(axis=1), w2.min(axis=1)  # over k, per j
 

@@ -46,10 +46,11 @@ class ProductSemiring(Semiring):
             bounds.append((start, start + m.components))
             start += m.components
         self._bounds = tuple(bounds)
+        self._key = "product(" + ",".join(m.key for m in members) + ")"
 
     @property
     def key(self) -> str:
-        return "product(" + ",".join(m.key for m in self.members) + ")"
+        return self._key
 
     # ------------------------------------------------------------ splitting and joining
     def split(self, value) -> list:
