@@ -480,3 +480,33 @@ def test_signed_max_product_matmul_matches_naive(registry, kernel_backend, seed)
                 np.testing.assert_array_equal(g, w)
     finally:
         kernels.set_backend(previous)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_log_signed_max_product_matmul_matches_naive_over_huge_log_ranges(registry, seed):
+    """The scaled kernel matmul against one-k-at-a-time ⊕ of ⊗, with logs spread over ±2000
+    (far past float64 once exponentiated) so that scaled factors underflow and entries are
+    recomputed exactly; rows of one sign (the smallest |product| decides) and empty entries."""
+    s = semiring(registry, "log_signed_max_product")
+    rng = np.random.default_rng(seed)
+
+    def operand(shape, spread, sign):
+        hi, lo = rng.normal(size=shape), rng.normal(size=shape)
+        hi, lo = np.maximum(hi, lo), np.minimum(hi, lo)
+        if sign:
+            hi, lo = sign * np.abs(hi), sign * np.abs(lo)
+            hi, lo = np.maximum(hi, lo), np.minimum(hi, lo)
+        scale = np.exp(0)  # logs: log|v| + an offset of up to ±spread
+        h, lw = s.lift(hi * scale), s.lift(lo * scale)
+        offset = rng.uniform(-spread, spread, size=shape)
+        value = [h[0], h[1] + h[0] * offset, lw[2], lw[3] + lw[2] * offset]
+        empty = rng.random(shape) < 0.1
+        return tuple(np.where(empty, z, v) for z, v in zip(s.zeros(shape), value))
+
+    for spread, sa, sb in [(2000, 0, 0), (2000, 1, -1), (50, -1, 0), (1, 0, 0)]:
+        a, b = operand((2, 6, 9), spread, sa), operand((9, 5), spread, sb)
+        got, want = s.matmul(a, b), naive_matmul(s, a, b)
+        for key in ("sign_max", "sign_min"):
+            np.testing.assert_array_equal(s.read(got)[key], s.read(want)[key])
+        for key in ("log_abs_max", "log_abs_min"):
+            np.testing.assert_allclose(s.read(got)[key], s.read(want)[key], rtol=1e-12, atol=1e-9)

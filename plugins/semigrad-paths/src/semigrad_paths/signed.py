@@ -145,11 +145,17 @@ class LogSignedMaxProductSemiring(Semiring):
     lo = (+1, +inf) (above every value); ⊗ with it is 0̄; φ(d) = (sign d, sign d · log|d|)
     twice for d ≠ 0, φ(0) = 0̄.
 
+    The matmul scales: each row of a by exp(−its largest log|v|) and each column of b likewise
+    (positive factors, which keep every extreme where it is), runs `signed_max_product`'s
+    kernel matmul on the scaled float64 values, and adds the shifts back to the logs. Entries
+    whose scaled extreme is below 1e-250 in magnitude (where an underflowed factor could have
+    taken part) are recomputed exactly from ⊕ and ⊗.
+
     read() returns "log_abs_max" and "sign_max" (the most positive path product is
     sign_max · exp(log_abs_max)), "log_abs_min" and "sign_min", and "max" and "min" as float64
     (which may underflow, as in `signed_max_product`); the gradient is "log_abs_max". An
     element reached by no path with non-zero partials reads log_abs_max = log_abs_min = +inf,
-    sign_max = −1, sign_min = +1 (max = −inf, min = +inf). The matmul is the blocked default.
+    sign_max = −1, sign_min = +1 (max = −inf, min = +inf).
     """
 
     name = "log_signed_max_product"
@@ -206,6 +212,36 @@ class LogSignedMaxProductSemiring(Semiring):
         out = (top, top_t, bottom, bottom_t)
         return out if keepdims else tuple(np.squeeze(c, axis=axis) for c in out)
 
+    def matmul(self, a, b):
+        a, b = np.broadcast_arrays(*a), np.broadcast_arrays(*b)
+        scaled_a, shift_a = _scaled(a, axis=-1)
+        scaled_b, shift_b = _scaled(b, axis=-2)
+        hi, lo = SignedMaxProductSemiring().matmul(scaled_a, scaled_b)
+        shift = shift_a + shift_b  # (..., m, 1) + (..., 1, n)
+        out, suspect = [], np.zeros(np.shape(hi), dtype=bool)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for v, empty_value in ((hi, (-1.0, -np.inf)), (lo, (1.0, np.inf))):
+                finite = np.isfinite(v)
+                suspect |= finite & ~(np.abs(v) >= 1e-250)
+                sign = np.where(finite, np.where(v < 0, -1.0, 1.0), empty_value[0])
+                out += [sign, np.where(finite, sign * (np.log(np.abs(v)) + shift), empty_value[1])]
+        if suspect.any():
+            self._exact_entries(a, b, out, suspect)
+        return tuple(out)
+
+    def _exact_entries(self, a, b, out, which):
+        lead = out[0].shape[:-2]
+        rows = [np.broadcast_to(c, lead + c.shape[-2:]) for c in a]
+        cols = [np.swapaxes(np.broadcast_to(c, lead + c.shape[-2:]), -1, -2) for c in b]
+        index = np.nonzero(which)
+        chunk = max(1, MATMUL_BLOCK_ELEMENTS // max(1, 4 * a[0].shape[-1]))
+        for start in range(0, len(index[0]), chunk):
+            part = tuple(ix[start:start + chunk] for ix in index)
+            batch, i, j = part[:-2], part[-2], part[-1]
+            terms = self.mul(tuple(r[batch + (i,)] for r in rows), tuple(c[batch + (j,)] for c in cols))
+            for target, value in zip(out, self.sum(terms, axis=(-1,))):
+                target[part] = value
+
     def read(self, value):
         hs, ht, ls, lt = (np.asarray(c, dtype=np.float64) for c in np.broadcast_arrays(*value))
         log_hi, log_lo = hs * ht, ls * lt  # log|v| = s · t (+inf for the empty set's ±inf)
@@ -222,6 +258,20 @@ class LogSignedMaxProductSemiring(Semiring):
         value = (h[0], h[1], lw[2], lw[3])
         empty = rng.random(size=shape) < 0.2
         return tuple(np.where(empty, z, v) for z, v in zip(self.zeros(shape), value))
+
+
+def _scaled(value, axis: int):
+    """A log-signed value as signed_max_product's (hi, lo) floats, each row (axis=-1) or
+    column (axis=-2) divided by exp of its largest finite log|v|; and that log, keepdims."""
+    hs, ht, ls, lt = value
+    empty = _lex_empty(value)
+    log_hi, log_lo = np.where(empty, -np.inf, hs * ht), np.where(empty, -np.inf, ls * lt)
+    top = np.max(np.maximum(log_hi, log_lo), axis=axis, keepdims=True, initial=-np.inf)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(under="ignore", invalid="ignore"):
+        hi = np.where(empty, -np.inf, hs * np.exp(log_hi - top))
+        lo = np.where(empty, np.inf, ls * np.exp(log_lo - top))
+    return (hi, lo), top
 
 
 def _times(x, y):
