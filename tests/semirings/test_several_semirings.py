@@ -253,3 +253,16 @@ def test_real_in_a_list_is_the_gradient_up_to_rounding(client):
     point = {"x": np.random.default_rng(1).normal(size=(4, 5))}
     both = f.gradient(point, semiring=["real", "max_product"])
     np.testing.assert_allclose(both["real"]["x"], f.gradient(point)["x"], rtol=1e-13, atol=1e-15)
+
+
+def test_the_cache_of_products_is_bounded(monkeypatch):
+    import semigrad_server.semiring.loader as loader_module
+    monkeypatch.setattr(loader_module, "MAX_CACHED_PRODUCTS", 2)
+    registry = SemiringRegistry()
+    first = registry.product(["real", "entropy"])
+    assert registry.product(["real", "entropy"]) is first  # kept
+    second = registry.product(["entropy", "real"])
+    assert registry.product(["entropy", "real"]) is second and registry.product(["real", "entropy"]) is first
+    registry.product(["real", "max_product"])  # a third: the cache starts over
+    again = registry.product(["real", "entropy"])
+    assert again is not first and again.key == first.key

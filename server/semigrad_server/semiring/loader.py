@@ -18,6 +18,7 @@ from .checker import check_axioms
 from .product import MAX_MEMBERS, ProductSemiring
 
 GROUP = "semigrad.semirings"
+MAX_CACHED_PRODUCTS = 256  # products of semiring lists kept for reuse (then the cache starts over)
 SEMIRINGS = PluginKind("semiring", GROUP, Semiring, "semigrad_server.semiring.Semiring")
 
 
@@ -49,6 +50,7 @@ class SemiringRegistry:
             SEMIRINGS, entry_points, check=lambda semiring: _unusable(semiring, seed), record=SemiringRecord)
         self.available: dict[str, Semiring] = {r.name: r.semiring for r in self.records if r.status == "ok"}
         self._configured: dict[tuple, Semiring] = {}
+        self._products: dict[tuple, ProductSemiring] = {}
         self._lock = threading.Lock()
 
     def get(self, name: str, params: Mapping[str, object] | None = None) -> Semiring:
@@ -92,11 +94,14 @@ class SemiringRegistry:
         members = [self.get(n, by_member.get(n)) for n in names]
         if len(members) == 1:
             return members[0]
-        key = ("product",) + tuple(m.key for m in members)
+        key = tuple(m.key for m in members)
         with self._lock:
-            if key not in self._configured:
-                self._configured[key] = ProductSemiring(members)
-            return self._configured[key]
+            product = self._products.get(key)
+            if product is None:
+                if len(self._products) >= MAX_CACHED_PRODUCTS:  # lists are the client's: bound what they keep
+                    self._products.clear()
+                product = self._products[key] = ProductSemiring(members)
+            return product
 
 
 _default: SemiringRegistry | None = None
