@@ -32,6 +32,7 @@ GRADIENT_EXAMPLES = {
     "backend": "tensor",
     "retain": ["n1"],
     "hooks": [pb.HookAttachment(node="n1", hook="scale", params={"factor": pb.AttrValue(f=2.0)})],
+    "semirings": ["real", "entropy"],
 }
 # What the short path honours; any other field set sends a request the general way.
 PLAIN_FIELDS = {"graph_id", "inputs", "wrt", "outputs", "return_outputs", "backend"}

@@ -78,7 +78,7 @@ from .functions import (avg_pool1d, avg_pool2d, conv1d, conv2d, layer_norm, log_
                         max_pool2d, softmax)
 from .graph import CustomOp, Graph, Handle
 from .hooks import Contribution, PreHook, ServerHook
-from .messages import Gradients
+from .messages import Gradients, SemiringGradients
 from .reports import CrossCheckReport, Formulas, SymbolicGradient
 from .trace import trace
 from .specs import AttrSpec, BestPath, DerivativeRule, OpInfo, PathStep, SemiringInfo, TensorSpec
@@ -89,7 +89,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttrSpec", "BestPath", "Contribution", "PreHook", "ServerHook", "Cancelled", "Client", "CrossCheckReport", "CustomOp", "DeadlineExceeded",
-    "DerivativeRule", "FailedPrecondition", "Formulas", "Gradients", "Graph", "Handle", "Internal",
+    "DerivativeRule", "FailedPrecondition", "Formulas", "Gradients", "SemiringGradients", "Graph", "Handle", "Internal",
     "InvalidArgument", "NotFound", "PermissionDenied", "OpInfo", "PathStep", "RegisteredGraph", "ResourceExhausted", "SemigradError",
     "SemiringInfo", "SymbolicGradient", "TensorSpec", "Unavailable",
     "TorchImport", "TorchImportError", "from_torch",

@@ -317,7 +317,7 @@ class RegisteredGraph:
     def gradient(self, inputs: Mapping[str, object], wrt: str | Iterable[str] | None = None,
                  seeds: Mapping[str, object] | None = None,
                  outputs: str | Iterable[str] | None = None, return_outputs: bool = False, *,
-                 semiring: str = "real", semiring_params: Mapping[str, object] | None = None,
+                 semiring: str | Iterable[str] = "real", semiring_params: Mapping[str, object] | None = None,
                  return_components: bool = False,
                  best_path: Iterable[tuple[str, Iterable[int]]] | None = None, backend: str = "auto",
                  retain: str | Iterable[str] | None = None, hooks: Mapping[str, object] | None = None):
@@ -338,6 +338,11 @@ class RegisteredGraph:
         ``best_path`` lists ``(input name, full index)`` elements (batch dimensions first) whose
         best path a selective semiring traces into ``gradients.best_paths``. ``backend`` forces an
         execution backend ("tensor", "scalar", "jit"; default "auto").
+
+        ``semiring`` may be a list of names (``["real", "max_product", "entropy"]``): one
+        forward pass and one backward walk compute all of them, and the call returns a
+        :class:`SemiringGradients`, ``{name: Gradients}``; ``semiring_params`` then maps a
+        semiring's name to its parameters (``{"kbest": {"k": 5}}``). Not with ``best_path``.
 
         ``retain`` names intermediate nodes whose gradients come back in ``gradients.retained``.
         ``hooks`` maps node ids to hooks (see :mod:`semigrad.hooks`): callables and

@@ -31,13 +31,35 @@ class Gradients(dict):
     records: dict[str, dict[str, np.ndarray]]
 
 
+class SemiringGradients(dict):
+    """What a gradient call with several semirings returns: ``{semiring name: Gradients}``
+    (each with its own ``components``, ``retained`` and ``records``), plus ``outputs`` (the
+    forward values, when asked: one forward pass serves every semiring)."""
+
+    outputs: dict[str, np.ndarray]
+
+
+def semiring_fields(semiring, semiring_params) -> dict:
+    """The request's semiring fields: one name in `semiring`; a list of names in `semirings`,
+    their parameters flattened to "<semiring>.<parameter>" (``{"kbest": {"k": 5}}`` or
+    ``{"kbest.k": 5}``)."""
+    if isinstance(semiring, str):
+        return {"semiring": semiring if semiring != "real" else "", "semiring_params": attr_values(semiring_params)}
+    flat = {}
+    for key, value in (semiring_params or {}).items():
+        if isinstance(value, Mapping):
+            flat.update({f"{key}.{param}": v for param, v in value.items()})
+        else:
+            flat[key] = value
+    return {"semirings": list(semiring), "semiring_params": attr_values(flat)}
+
+
 def gradient_request(graph: RegisteredGraph, inputs, wrt=None, seeds=None, outputs=None, return_outputs=False,
                      semiring="real", semiring_params=None, return_components=False, best_path=None,
                      backend="auto", retain=None, hooks=()) -> tuple[pb.GradientRequest, dict]:
     """The request without its tensors, and the tensors by request field (see transport.fill)."""
     fields = {"wrt": names(wrt), "outputs": names(outputs), "return_outputs": return_outputs,
-              "semiring": semiring if semiring != "real" else "",
-              "semiring_params": attr_values(semiring_params),
+              **semiring_fields(semiring, semiring_params),
               "return_components": return_components,
               "best_paths": [pb.ElementRef(input=name, index=[int(i) for i in index])
                              for name, index in best_path or ()],
@@ -50,7 +72,11 @@ def gradient_request(graph: RegisteredGraph, inputs, wrt=None, seeds=None, outpu
     return request, tensors
 
 
-def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients:
+def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients | SemiringGradients:
+    if response.semirings:
+        by_name = SemiringGradients({name: gradients_from(part, read) for name, part in response.semirings.items()})
+        by_name.outputs = decode(response.outputs, read) if response.outputs else {}
+        return by_name
     gradients = Gradients(decode(response.gradients, read))
     gradients.outputs = decode(response.outputs, read) if response.outputs else {}
     gradients.components = ({x: decode(parts.tensors, read) for x, parts in response.components.items()}
@@ -85,7 +111,7 @@ def gradient_result_bytes(graph: RegisteredGraph, request: pb.GradientRequest, v
     if request.return_outputs:
         specs += [graph.output_specs.get(name) for name in (request.outputs or graph.output_specs)]
     specs += [graph.types.get(node) for node in request.retain]
-    return result_bytes(graph, values, specs)
+    return result_bytes(graph, values, specs) * max(1, len(request.semirings))
 
 
 def path_elements(path) -> list[pb.NodeElement]:

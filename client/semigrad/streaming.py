@@ -14,7 +14,7 @@ import numpy as np
 
 from . import codec, messages
 from .errors import SemigradError, Unavailable, error_for_code
-from .messages import Gradients
+from .messages import Gradients, SemiringGradients
 from .shared_memory import Placement
 from .specs import TensorSpec
 from .transport import fill
@@ -251,21 +251,42 @@ class Assembly:
                                     f"which does not fit the batch's {whole.shape}")
             whole[start:start + len(value)] = value
 
-    def result(self) -> Gradients:
-        fields: dict[str, dict] = {"gradients": {}, "outputs": {}, "retained": {}, "components": {}}
+    def result(self) -> Gradients | SemiringGradients:
+        by_semiring: dict[str, dict] = {}
+        rest = {}
         for key, array in self.arrays.items():
-            if key[0] == "components":
-                fields["components"].setdefault(key[1], {})[key[2]] = array
+            if key[0] == "semiring":
+                by_semiring.setdefault(key[1], {})[key[2:]] = array
             else:
-                fields[key[0]][key[1]] = array
-        result = Gradients(fields["gradients"])
-        result.outputs, result.retained, result.components = fields["outputs"], fields["retained"], fields["components"]
-        result.best_paths, result.records = [], {}
+                rest[key] = array
+        if not by_semiring:
+            return _gradients(rest)
+        result = SemiringGradients({name: _gradients(arrays) for name, arrays in by_semiring.items()})
+        result.outputs = _gradients(rest).outputs
         return result
 
 
-def _flat(gradients: Gradients) -> dict[tuple[str, ...], np.ndarray]:
-    """Every batched array of a Gradients, keyed by (field, name) or ("components", input, name)."""
+def _gradients(arrays: Mapping[tuple[str, ...], np.ndarray]) -> Gradients:
+    fields: dict[str, dict] = {"gradients": {}, "outputs": {}, "retained": {}, "components": {}}
+    for key, array in arrays.items():
+        if key[0] == "components":
+            fields["components"].setdefault(key[1], {})[key[2]] = array
+        else:
+            fields[key[0]][key[1]] = array
+    result = Gradients(fields["gradients"])
+    result.outputs, result.retained, result.components = fields["outputs"], fields["retained"], fields["components"]
+    result.best_paths, result.records = [], {}
+    return result
+
+
+def _flat(gradients: Gradients | SemiringGradients) -> dict[tuple[str, ...], np.ndarray]:
+    """Every batched array of a Gradients, keyed by (field, name) or ("components", input, name);
+    with several semirings, each one's keyed ("semiring", its name, ...)."""
+    if isinstance(gradients, SemiringGradients):
+        flat = {("outputs", name): a for name, a in gradients.outputs.items()}
+        for semiring, part in gradients.items():
+            flat.update({("semiring", semiring) + key: a for key, a in _flat(part).items() if key[0] != "outputs"})
+        return flat
     flat = {("gradients", name): a for name, a in gradients.items()}
     flat.update({("outputs", name): a for name, a in gradients.outputs.items()})
     flat.update({("retained", name): a for name, a in gradients.retained.items()})

@@ -27,7 +27,8 @@ from semigrad_server.service.convert import graph_from_proto
 SEEDS = list(range(int(os.environ.get("SEMIGRAD_PATH_SEEDS", "32"))))
 CONFIGS = [("real", {}), ("max_product", {}), ("log", {}), ("entropy", {}), ("kbest", {"k": 3}),
            ("kbest", {"k": 1}), ("boolean", {}), ("counting", {}), ("maxplus", {}), ("minplus", {}),
-           ("bottleneck", {})]
+           ("bottleneck", {}), ("signed_max_product", {}),
+           ("log_entropy", {}), ("log_counting", {}), ("log_signed_max_product", {})]
 CONFIG_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in CONFIGS]
 SELECTIVE = ["max_product", "boolean", "maxplus", "minplus", "bottleneck"]
 
@@ -210,7 +211,22 @@ def test_invariants_between_semirings(served, seed):
         assert math.exp(value["maxplus"]) == pytest.approx(value["max_product"], rel=1e-12), where
         weakest = min((w for w in weights if w), default=math.inf)
         assert math.exp(value["minplus"]) == pytest.approx(weakest, rel=1e-12), where
+        signed = {key: float(np.asarray(v)[full]) for key, v in got["signed_max_product"].components[x].items()}
+        products = [math.prod(partials[e] for e in p) for p in paths]
+        products = [w for w, a in zip(products, weights) if a]  # paths with only non-zero partials
+        assert signed == {"max": pytest.approx(max(products, default=-math.inf), rel=1e-12, abs=1e-300),
+                          "min": pytest.approx(min(products, default=math.inf), rel=1e-12, abs=1e-300)}, where
+        if products:
+            assert max(abs(signed["max"]), abs(signed["min"])) == pytest.approx(value["max_product"], rel=1e-12), where
+        logged = {key: float(np.asarray(v)[full]) for key, v in got["log_signed_max_product"].components[x].items()}
+        assert logged["max"] == pytest.approx(signed["max"], rel=1e-12, abs=1e-300), where
+        assert logged["min"] == pytest.approx(signed["min"], rel=1e-12, abs=1e-300), where
+        if products:
+            assert logged["sign_max"] * math.exp(logged["log_abs_max"]) == pytest.approx(max(products), rel=1e-12)
+            assert logged["sign_min"] * math.exp(logged["log_abs_min"]) == pytest.approx(min(products), rel=1e-12)
         entropy = value["entropy"]
+        assert value["log_entropy"] == pytest.approx(entropy, rel=1e-9, abs=1e-9), where
+        assert math.exp(value["log_counting"]) == pytest.approx(count, rel=1e-12, abs=0), where
         assert 0.0 <= entropy <= math.log(max(count, 1)) + 1e-9, where
         if count == 1:
             assert entropy == pytest.approx(0.0, abs=1e-12), where

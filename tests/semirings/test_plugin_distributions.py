@@ -35,7 +35,8 @@ from path_reference import random_case
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "plugin_fixtures"
 GUIDE = ROOT / "docs" / "writing-a-plugin.md"
-NINE = ("max_product", "log", "entropy", "kbest", "boolean", "counting", "maxplus", "minplus", "bottleneck")
+PLUGGED = ("max_product", "log", "entropy", "kbest", "signed_max_product", "log_entropy", "log_counting",
+           "log_signed_max_product", "boolean", "counting", "maxplus", "minplus", "bottleneck")
 BROKEN = {  # entry point -> what its error must say
     "broken_import": ("cannot load", "ModuleNotFoundError", "semigrad_fixture_dependency_that_is_not_installed"),
     "not_a_semiring": ("semigrad_broken_fixture.semirings:NotASemiring is not a semigrad_server.semiring.Semiring",),
@@ -152,7 +153,7 @@ def test_broken_plugins_are_listed_as_failed_with_the_reason(remote):
         assert (info.status, info.distribution, info.version) == ("failed", "semigrad-broken-fixture", "0.0.1"), info
         for word in words:
             assert word in info.error, (name, info.error)
-    for name in ("real", *NINE, "minproduct", "abs_sum"):
+    for name in ("real", *PLUGGED, "minproduct", "abs_sum"):
         assert infos[name].status == "ok" and infos[name].error == "", infos[name]
 
 
@@ -169,7 +170,7 @@ def test_an_unknown_semiring_is_failed_precondition_listing_the_available_ones(r
     message = str(error.value)
     assert "unknown semiring 'no_such_semiring'" in message
     available = set(message.split("available: ", 1)[1].replace(",", " ").split())
-    assert available == {"real", *NINE, "minproduct", "abs_sum"}
+    assert available == {"real", *PLUGGED, "minproduct", "abs_sum"}
 
 
 @pytest.mark.parametrize("name", list(BROKEN))

@@ -12,7 +12,8 @@ from semigrad_server import cli
 from semigrad_server.semiring import Semiring
 from semigrad_server.semiring.loader import GROUP
 
-ALL = ("real", "max_product", "log", "entropy", "kbest", "boolean", "counting", "maxplus", "minplus", "bottleneck")
+ALL = ("real", "max_product", "log", "entropy", "kbest", "signed_max_product", "log_entropy", "log_counting",
+       "log_signed_max_product", "boolean", "counting", "maxplus", "minplus", "bottleneck")
 
 
 def run(*args):

@@ -23,6 +23,10 @@ EXPECTED = {
     "maxplus": math.log(1.5),
     "minplus": 0.0,
     "bottleneck": 0.5,
+    "signed_max_product": 1.5,  # the most positive path product (its "min" is 1.0)
+    "log_entropy": H_04_06,
+    "log_counting": math.log(2.0),
+    "log_signed_max_product": math.log(1.5),  # log|most positive path product|
 }
 
 

@@ -14,7 +14,8 @@ from semigrad_server.semiring import Semiring, check_axioms
 from semigrad_server.semiring.loader import GROUP, SemiringRegistry
 
 PLUGINS = {
-    "semigrad-paths": ("max_product", "log", "entropy", "kbest"),
+    "semigrad-paths": ("max_product", "log", "entropy", "kbest", "signed_max_product", "log_entropy", "log_counting",
+                       "log_signed_max_product"),
     "semigrad-logic": ("boolean", "counting", "maxplus", "minplus", "bottleneck"),
 }
 NAMES = [name for names in PLUGINS.values() for name in names]
@@ -62,7 +63,9 @@ def test_declared_properties(registry, name):
         "entropy": (True, False, False, 2), "kbest": (True, False, False, 3),
         "boolean": (True, True, True, 1), "counting": (True, False, False, 1),
         "maxplus": (True, True, True, 1), "minplus": (True, True, True, 1),
-        "bottleneck": (True, True, True, 1),
+        "bottleneck": (True, True, True, 1), "signed_max_product": (True, True, False, 2),
+        "log_entropy": (True, False, False, 2), "log_counting": (True, False, False, 1),
+        "log_signed_max_product": (True, True, False, 4),
     }[name]
     assert (s.commutative, s.idempotent, s.selective, s.components) == expected
 
@@ -101,6 +104,11 @@ EXPECTED = {
     "maxplus": {"value": math.log(1.5)},
     "minplus": {"value": math.log(1.0)},
     "bottleneck": {"value": 0.5},  # max(min(2, 1, 0.5), min(3, 1, 0.5))
+    "signed_max_product": {"max": 1.5, "min": 1.0},
+    "log_entropy": {"entropy": H_04_06, "log_Z": math.log(2.5), "Q": -1.5 * math.log(1.5) / 2.5},
+    "log_counting": {"value": math.log(2.0)},
+    "log_signed_max_product": {"log_abs_max": math.log(1.5), "sign_max": 1.0, "log_abs_min": 0.0, "sign_min": 1.0,
+                               "max": 1.5, "min": 1.0},
 }
 
 
@@ -421,3 +429,84 @@ def test_loader_rejects_a_broken_semiring_naming_the_law():
     (record,) = SemiringRegistry([ep]).records
     assert record.status == "failed"
     assert "⊕ is commutative" in record.error
+
+
+# ---------------------------------------------------------------- signed max-product
+
+
+def test_signed_max_product_of_paths(registry):
+    """The largest and the smallest signed path product, by hand; zero edges drop out."""
+    s = semiring(registry, "signed_max_product")
+    paths = [[2.0, -1.0, 0.5], [3.0, 1.0, 0.5], [-4.0, -1.0], [0.0, -100.0]]  # -1, 1.5, 4; the last has a 0
+    assert {k: float(v) for k, v in read(s, over_paths(s, paths)).items()} == {"max": 4.0, "min": -1.0}
+    negative = [[-2.0, 0.5], [3.0, -1.0], [-0.25]]  # -1, -3, -0.25: the most positive is -0.25
+    assert {k: float(v) for k, v in read(s, over_paths(s, negative)).items()} == {"max": -0.25, "min": -3.0}
+    assert {k: float(v) for k, v in read(s, over_paths(s, [[0.0, 2.0], [5.0, 0.0]])).items()} == \
+        {"max": -np.inf, "min": np.inf}  # no path with non-zero partials: the empty set
+    # {2, -3} ⊗ {-1, 4}: products {-2, 8, 3, -12}
+    a = s.add(s.lift(np.float64(2)), s.lift(np.float64(-3)))
+    b = s.add(s.lift(np.float64(-1)), s.lift(np.float64(4)))
+    assert tuple(map(float, s.mul(a, b))) == (8.0, -12.0)
+    assert tuple(map(float, s.mul(a, s.zeros(())))) == (-np.inf, np.inf)
+
+
+@pytest.mark.parametrize("kernel_backend", ["numpy", "numba"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_signed_max_product_matmul_matches_naive(registry, kernel_backend, seed):
+    """The kernel-based matmul against one-k-at-a-time ⊕ of ⊗, on operands with empty
+    entries, single products, one-signed rows (where the smallest |product| decides), zeros
+    (products that underflowed: an empty entry against them is inf · 0) and batch axes."""
+    from semigrad_server.semiring import kernels
+    if kernel_backend == "numba" and not kernels.numba_available():
+        pytest.skip("numba not installed")
+    s = semiring(registry, "signed_max_product")
+    rng = np.random.default_rng(seed)
+
+    def operand(shape, sign):
+        hi, lo = s.sample(rng, shape)
+        if sign:  # every product of one sign
+            empty = hi < lo
+            hi, lo = sign * np.abs(hi), sign * np.abs(lo)
+            hi, lo = np.where(empty, -np.inf, np.maximum(hi, lo)), np.where(empty, np.inf, np.minimum(hi, lo))
+        zero = rng.random(shape) < 0.05
+        return np.where(zero, 0.0, hi), np.where(zero, 0.0, lo)
+
+    previous = kernels.set_backend(kernel_backend)
+    try:
+        for sa, sb in [(1, 1), (1, -1), (0, 0), (-1, 0)]:
+            a, b = operand((2, 1, 30, 40), sa), operand((3, 40, 20), sb)
+            got, want = s.matmul(a, b), naive_matmul(s, a, b)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+    finally:
+        kernels.set_backend(previous)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_log_signed_max_product_matmul_matches_naive_over_huge_log_ranges(registry, seed):
+    """The scaled kernel matmul against one-k-at-a-time ⊕ of ⊗, with logs spread over ±2000
+    (far past float64 once exponentiated) so that scaled factors underflow and entries are
+    recomputed exactly; rows of one sign (the smallest |product| decides) and empty entries."""
+    s = semiring(registry, "log_signed_max_product")
+    rng = np.random.default_rng(seed)
+
+    def operand(shape, spread, sign):
+        hi, lo = rng.normal(size=shape), rng.normal(size=shape)
+        hi, lo = np.maximum(hi, lo), np.minimum(hi, lo)
+        if sign:
+            hi, lo = sign * np.abs(hi), sign * np.abs(lo)
+            hi, lo = np.maximum(hi, lo), np.minimum(hi, lo)
+        scale = np.exp(0)  # logs: log|v| + an offset of up to ±spread
+        h, lw = s.lift(hi * scale), s.lift(lo * scale)
+        offset = rng.uniform(-spread, spread, size=shape)
+        value = [h[0], h[1] + h[0] * offset, lw[2], lw[3] + lw[2] * offset]
+        empty = rng.random(shape) < 0.1
+        return tuple(np.where(empty, z, v) for z, v in zip(s.zeros(shape), value))
+
+    for spread, sa, sb in [(2000, 0, 0), (2000, 1, -1), (50, -1, 0), (1, 0, 0)]:
+        a, b = operand((2, 6, 9), spread, sa), operand((9, 5), spread, sb)
+        got, want = s.matmul(a, b), naive_matmul(s, a, b)
+        for key in ("sign_max", "sign_min"):
+            np.testing.assert_array_equal(s.read(got)[key], s.read(want)[key])
+        for key in ("log_abs_max", "log_abs_min"):
+            np.testing.assert_allclose(s.read(got)[key], s.read(want)[key], rtol=1e-12, atol=1e-9)

@@ -246,7 +246,7 @@ class EvaluateResponse(_message.Message):
     def __init__(self, outputs: _Optional[_Mapping[str, Tensor]] = ..., nodes: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class GradientRequest(_message.Message):
-    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend", "retain", "hooks", "output_region")
+    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend", "retain", "hooks", "output_region", "semirings")
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class GradientRequest(_message.Message):
     RETAIN_FIELD_NUMBER: _ClassVar[int]
     HOOKS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_REGION_FIELD_NUMBER: _ClassVar[int]
+    SEMIRINGS_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     inputs: _containers.MessageMap[str, Tensor]
     wrt: _containers.RepeatedScalarFieldContainer[str]
@@ -296,7 +297,8 @@ class GradientRequest(_message.Message):
     retain: _containers.RepeatedScalarFieldContainer[str]
     hooks: _containers.RepeatedCompositeFieldContainer[HookAttachment]
     output_region: SharedMemoryRegion
-    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ..., retain: _Optional[_Iterable[str]] = ..., hooks: _Optional[_Iterable[_Union[HookAttachment, _Mapping]]] = ..., output_region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ...) -> None: ...
+    semirings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ..., retain: _Optional[_Iterable[str]] = ..., hooks: _Optional[_Iterable[_Union[HookAttachment, _Mapping]]] = ..., output_region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ..., semirings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HookAttachment(_message.Message):
     __slots__ = ("node", "hook", "kind", "params", "client")
@@ -370,7 +372,7 @@ class BestPath(_message.Message):
     def __init__(self, start: _Optional[_Union[ElementRef, _Mapping]] = ..., output: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[PathStep, _Mapping]]] = ..., value: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GradientResponse(_message.Message):
-    __slots__ = ("gradients", "outputs", "components", "best_paths", "retained", "records")
+    __slots__ = ("gradients", "outputs", "components", "best_paths", "retained", "records", "semirings")
     class GradientsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -406,19 +408,28 @@ class GradientResponse(_message.Message):
         key: str
         value: Tensors
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensors, _Mapping]] = ...) -> None: ...
+    class SemiringsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: GradientResponse
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[GradientResponse, _Mapping]] = ...) -> None: ...
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     BEST_PATHS_FIELD_NUMBER: _ClassVar[int]
     RETAINED_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    SEMIRINGS_FIELD_NUMBER: _ClassVar[int]
     gradients: _containers.MessageMap[str, Tensor]
     outputs: _containers.MessageMap[str, Tensor]
     components: _containers.MessageMap[str, Tensors]
     best_paths: _containers.RepeatedCompositeFieldContainer[BestPath]
     retained: _containers.MessageMap[str, Tensor]
     records: _containers.MessageMap[str, Tensors]
-    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ..., components: _Optional[_Mapping[str, Tensors]] = ..., best_paths: _Optional[_Iterable[_Union[BestPath, _Mapping]]] = ..., retained: _Optional[_Mapping[str, Tensor]] = ..., records: _Optional[_Mapping[str, Tensors]] = ...) -> None: ...
+    semirings: _containers.MessageMap[str, GradientResponse]
+    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ..., components: _Optional[_Mapping[str, Tensors]] = ..., best_paths: _Optional[_Iterable[_Union[BestPath, _Mapping]]] = ..., retained: _Optional[_Mapping[str, Tensor]] = ..., records: _Optional[_Mapping[str, Tensors]] = ..., semirings: _Optional[_Mapping[str, GradientResponse]] = ...) -> None: ...
 
 class ListSemiringsRequest(_message.Message):
     __slots__ = ()

@@ -105,14 +105,16 @@ class Engine:
                  semiring_params: Mapping[str, object] | None = None, return_components: bool = False,
                  best_paths: Sequence[tuple[str, tuple[int, ...]]] = (), deadline: float | None = None,
                  backend: str = "auto", retain: Sequence[str] = (), hooks: Sequence[HookRequest] = (),
-                 hook_run: HookRun | None = None) -> GradientResult:
+                 hook_run: HookRun | None = None, semirings: Sequence[str] = ()) -> GradientResult:
         """Gradients (under `semiring`) of the outputs w.r.t. `wrt` (see GradientSpec).
 
         `retain`: intermediate nodes whose gradients come back too. `hooks`: hook attachments;
-        client hooks call `hook_run.client`."""
+        client hooks call `hook_run.client`. `semirings`: several semirings at once (one forward
+        pass, one backward walk), each result in `result.semirings[name]`."""
         spec = GradientSpec(graph_id, inputs, tuple(wrt), tuple(outputs), seeds, return_outputs, semiring or "real",
                             semiring_params, return_components, tuple(best_paths) if best_paths else (),
-                            backend or "auto", tuple(retain) if retain else (), tuple(hooks) if hooks else ())
+                            backend or "auto", tuple(retain) if retain else (), tuple(hooks) if hooks else (),
+                            tuple(semirings))
         return self.run_gradient(spec, deadline, hook_run)
 
     # ------------------------------------------------------------ requests
@@ -136,7 +138,7 @@ class Engine:
         return out, node_values
 
     def run_gradient(self, spec: GradientSpec, deadline: float | None = None,
-                     hook_run: HookRun | None = None) -> GradientResult:
+                     hook_run: HookRun | None = None, semirings: Sequence[str] = ()) -> GradientResult:
         memo = None
         if spec.is_plain:
             cg = self.get(spec.graph_id)
@@ -149,7 +151,16 @@ class Engine:
             if checked is not None:
                 return self.plain_gradient(checked, spec.inputs, deadline, spec.backend)
         backend = checked_backend(spec.backend)
-        s = self.semirings.get(spec.semiring, spec.semiring_params)
+        if spec.semirings:
+            if spec.semiring not in ("", "real"):
+                raise InvalidArgument(f"both semiring {quoted(spec.semiring)} and a list of semirings given: "
+                                      "put every semiring in the list")
+            if spec.best_paths:
+                raise FailedPrecondition("best paths are traced under one semiring: ask for them in a request of their "
+                                         f"own, not with several semirings ({', '.join(spec.semirings)})")
+            s = self.semirings.product(spec.semirings, spec.semiring_params)
+        else:
+            s = self.semirings.get(spec.semiring, spec.semiring_params)
         cg = self.get(spec.graph_id)
         for ref in spec.retain:
             if ref not in cg.types:

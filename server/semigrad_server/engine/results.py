@@ -24,15 +24,18 @@ class GradientResult:
     best_paths: list
     retained: dict[str, np.ndarray]
     records: dict[str, dict[str, np.ndarray]]
+    semirings: dict[str, "GradientResult"]  # several semirings: each one's result, by name
 
     # Written out (not default factories): every short-path request builds one.
-    def __init__(self, gradients=None, outputs=None, components=None, best_paths=None, retained=None, records=None):
+    def __init__(self, gradients=None, outputs=None, components=None, best_paths=None, retained=None, records=None,
+                 semirings=None):
         self.gradients = {} if gradients is None else gradients
         self.outputs = {} if outputs is None else outputs
         self.components = {} if components is None else components
         self.best_paths = [] if best_paths is None else best_paths
         self.retained = {} if retained is None else retained
         self.records = {} if records is None else records
+        self.semirings = {} if semirings is None else semirings
 
 
 def gradient_result(cg, s, spec, backward: BackwardGraph, results: Mapping, batch, wrt: Sequence[str],
@@ -41,27 +44,38 @@ def gradient_result(cg, s, spec, backward: BackwardGraph, results: Mapping, batc
     gradients (semiring values read back, with their components if asked), forward values,
     retained adjoints, hook records, best paths."""
     result = GradientResult()
-    real = s.name == "real"
+    members, split = getattr(s, "members", None), getattr(s, "split", None)  # a ProductSemiring: several in one walk
+    if not members and spec.semirings:  # a list of one semiring: still answered by name
+        members, split = (s,), lambda value: [value]
+    if members:
+        result.semirings = {m.name: GradientResult() for m in members}
+        parts = lambda value: zip(members, split(value), result.semirings.values())  # noqa: E731
+    else:
+        parts = lambda value: ((s, value, result),)  # noqa: E731
     for x in wrt:
         t = cg.types[x]
         value = results[OutputKey.gradient(x)] if backward.gradients[x] is not None else s.zeros(())
-        if real and not spec.return_components:
-            result.gradients[x] = full(value, batch.shape, t)
-            continue
-        read = read_full(s, value, batch.shape + t.shape)
-        result.gradients[x] = cast(read[s.primary], t) if real else read[s.primary]
-        if spec.return_components:
-            result.components[x] = read
+        for m, part, into in parts(value):
+            if m.name == "real" and not spec.return_components:
+                into.gradients[x] = full(part, batch.shape, t)
+                continue
+            read = read_full(m, part, batch.shape + t.shape)
+            into.gradients[x] = cast(read[m.primary], t) if m.name == "real" else read[m.primary]
+            if spec.return_components:
+                into.components[x] = read
     if spec.return_outputs:
         result.outputs = {n: full(results[OutputKey.output(n)], batch.shape, cg.types[cg.graph.output_map[n]])
                           for n in names}
     for ref in spec.retain:
         value = results[OutputKey.adjoint(ref)] if ref in backward.adjoints else s.zeros(())
-        result.retained[ref] = readback(s, value, batch.shape + cg.types[ref].shape)
+        for m, part, into in parts(value):
+            into.retained[ref] = readback(m, part, batch.shape + cg.types[ref].shape)
     for slot in slots:
         recorded = records.get(slot.key)
         if recorded:
-            result.records[slot.key] = {name: readback(s, v, batch.shape + slot.shape) for name, v in recorded.items()}
+            for name, v in recorded.items():
+                for m, part, into in parts(v):
+                    into.records.setdefault(slot.key, {})[name] = readback(m, part, batch.shape + slot.shape)
     if spec.best_paths:
         result.best_paths = trace_best_paths(cg, backward, s, results, batch, spec.best_paths)
     return result

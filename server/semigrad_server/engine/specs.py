@@ -47,6 +47,7 @@ class GradientSpec:
     backend: str = "auto"
     retain: tuple[str, ...] = ()  # nodes whose adjoints come back too
     hooks: tuple[HookRequest, ...] = ()
+    semirings: tuple[str, ...] = ()  # several semirings in one backward walk (then `semiring` is "real" or "")
 
     @property
     def is_plain(self) -> bool:
@@ -54,4 +55,5 @@ class GradientSpec:
         the request most clients send, answered by the short path once its input signature
         has passed the checks (tests/test_request_specs.py holds this to the proto's fields)."""
         return self.semiring in ("real", "") and not (self.seeds or self.semiring_params or self.return_components
-                                                or self.best_paths or self.retain or self.hooks)
+                                                or self.best_paths or self.retain or self.hooks
+                                                or self.semirings)

@@ -15,8 +15,10 @@ from ..errors import FailedPrecondition, InvalidArgument, quoted
 from ..plugin_loader import PluginKind, PluginRecord, load_plugins
 from .base import API_VERSION, Semiring
 from .checker import check_axioms
+from .product import MAX_MEMBERS, ProductSemiring
 
 GROUP = "semigrad.semirings"
+MAX_CACHED_PRODUCTS = 256  # products of semiring lists kept for reuse (then the cache starts over)
 SEMIRINGS = PluginKind("semiring", GROUP, Semiring, "semigrad_server.semiring.Semiring")
 
 
@@ -48,6 +50,7 @@ class SemiringRegistry:
             SEMIRINGS, entry_points, check=lambda semiring: _unusable(semiring, seed), record=SemiringRecord)
         self.available: dict[str, Semiring] = {r.name: r.semiring for r in self.records if r.status == "ok"}
         self._configured: dict[tuple, Semiring] = {}
+        self._products: dict[tuple, ProductSemiring] = {}
         self._lock = threading.Lock()
 
     def get(self, name: str, params: Mapping[str, object] | None = None) -> Semiring:
@@ -68,6 +71,37 @@ class SemiringRegistry:
                 except (ValueError, TypeError) as e:
                     raise InvalidArgument(f"semiring {quoted(name)}: {e}") from None
             return self._configured[key]
+
+
+    def product(self, names, params: Mapping[str, object] | None = None) -> Semiring:
+        """Several semirings computed in one backward walk: their `ProductSemiring` (one name:
+        that semiring). `params` keys are "<semiring>.<parameter>" ("kbest.k")."""
+        names = [n or "real" for n in names]
+        if not names:
+            raise InvalidArgument("the list of semirings is empty")
+        if len(names) > MAX_MEMBERS:
+            raise InvalidArgument(f"{len(names)} semirings requested; at most {MAX_MEMBERS} in one request")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidArgument(f"semiring {quoted(twice[0])} is requested twice")
+        by_member: dict[str, dict[str, object]] = {}
+        for key, value in (params or {}).items():
+            member, dot, param = str(key).partition(".")
+            if not dot or member not in names:
+                raise InvalidArgument(f"semiring parameter {quoted(key)}: with several semirings a parameter is named "
+                                      f"'<semiring>.<parameter>' for one of {', '.join(names)}")
+            by_member.setdefault(member, {})[param] = value
+        members = [self.get(n, by_member.get(n)) for n in names]
+        if len(members) == 1:
+            return members[0]
+        key = tuple(m.key for m in members)
+        with self._lock:
+            product = self._products.get(key)
+            if product is None:
+                if len(self._products) >= MAX_CACHED_PRODUCTS:  # lists are the client's: bound what they keep
+                    self._products.clear()
+                product = self._products[key] = ProductSemiring(members)
+            return product
 
 
 _default: SemiringRegistry | None = None

@@ -149,7 +149,8 @@ def gradient_spec(request: pb.GradientRequest, shared: Session | None = None) ->
         request.return_outputs, request.semiring or "real",
         params_from_proto(request.semiring_params) if request.semiring_params else None, request.return_components,
         tuple((ref.input, tuple(ref.index)) for ref in request.best_paths) if request.best_paths else (),
-        request.backend or "auto", tuple(request.retain), hooks_from_proto(request.hooks) if request.hooks else ())
+        request.backend or "auto", tuple(request.retain), hooks_from_proto(request.hooks) if request.hooks else (),
+        tuple(request.semirings))
 
 
 def gradient_response(result, writer: Writer | None = None) -> pb.GradientResponse:
@@ -171,6 +172,8 @@ def gradient_response(result, writer: Writer | None = None) -> pb.GradientRespon
             start=pb.ElementRef(input=p.input, index=p.index), output=p.output,
             steps=[pb.PathStep(node=node, index=index, partial=partial) for node, index, partial in p.steps],
             value=p.value) for p in result.best_paths]
+    if result.semirings:
+        fields["semirings"] = {name: gradient_response(part, writer) for name, part in result.semirings.items()}
     return pb.GradientResponse(**fields)
 
 

@@ -74,7 +74,8 @@ class EntropySemiring(Semiring):
         zb, rb = np.broadcast_arrays(z, r)
         h = np.zeros(zb.shape)
         positive = zb > 0
-        np.divide(rb, zb, out=h, where=positive)
+        with np.errstate(invalid="ignore"):  # inf / inf where Z overflowed: NaN (use log_entropy there)
+            np.divide(rb, zb, out=h, where=positive)
         h += np.log(zb, where=positive, out=np.zeros(zb.shape))  # log Z + R/Z where Z > 0, else 0
         np.maximum(h, 0.0, out=h)  # H ≥ 0: no -1e-16 from rounding
         return {"entropy": h, "Z": z, "R": r}
