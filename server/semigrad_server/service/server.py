@@ -93,7 +93,7 @@ class Serving:
     tokens: Tokens = field(default_factory=Tokens)
     tls: TlsFiles | None = None
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"  # the metrics name the tenants: loopback unless the operator says otherwise
     log_format: str = "text"
 
 
