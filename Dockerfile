@@ -20,4 +20,4 @@ ENV HOME=/home/semigrad SEMIGRAD_STORE=/data/graphs.sqlite
 # Workers: one per CPU of the container's quota (cgroup cpu.max), not of the host.
 EXPOSE 50051
 EXPOSE 9100
-CMD ["semigrad", "serve", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100"]
+CMD ["semigrad", "serve", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100", "--metrics-host", "0.0.0.0"]

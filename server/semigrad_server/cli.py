@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="mutual TLS: clients must present a certificate signed by this CA")
     serve.add_argument("--metrics-port", type=int, default=None,
                        help="serve Prometheus metrics on http://METRICS_HOST:PORT/metrics (default: off; 0: any port)")
-    serve.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics port (default 0.0.0.0)")
+    serve.add_argument("--metrics-host", default="127.0.0.1",
+                       help="address of the metrics port (default 127.0.0.1: the metrics name every tenant and "
+                            "its usage, and have no authentication; give 0.0.0.0 for a scraper on another host)")
     serve.add_argument("--drain-seconds", type=float, default=0.0,
                        help="on SIGTERM, report NOT_SERVING to health checks and keep serving this long before "
                             "refusing new calls, so load balancers stop routing first (default 0)")

@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sqlite3
 import threading
 import time
 from concurrent import futures
@@ -16,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from semigrad.v1 import semigrad_pb2 as pb
 
-from .. import logs
+from .. import errors, logs
 from ..engine import Engine
 from ..limits import Limits
 from ..store import open_store
@@ -96,7 +97,7 @@ class Serving:
     tokens: Tokens = field(default_factory=Tokens)
     tls: TlsFiles | None = None
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"  # the metrics name the tenants: loopback unless the operator says otherwise
     log_format: str = "text"
 
 
@@ -107,6 +108,7 @@ def serve(host: str, port: int, *, workers: int = 1, config: Serving | None = No
     `workers` > 1 runs that many processes on the same port, so CPU-bound requests use every
     core; they need a shared store (SQLite or Redis) to see each other's graphs."""
     config = config or Serving(**options)
+    _check_store(config.store)
     if not config.tokens.enabled and not _is_loopback(host):
         log.warning("serving %s without authentication: any client that reaches it may use it "
                     "(give --tokens FILE or $SEMIGRAD_TOKENS; docs/deploying.md)", host)
@@ -119,6 +121,18 @@ def serve(host: str, port: int, *, workers: int = 1, config: Serving | None = No
             _supervise(host, port, workers=workers, config=config)
         else:
             _serve_one(host, port, config=config, reuse_port=False)
+
+
+def _check_store(spec: str | None) -> None:
+    """ValueError now, in the one process, for a store that cannot be opened (an unknown scheme, a
+    SQLite file that cannot be created), rather than a traceback or worker after worker dying of it.
+    (A Redis that cannot be reached is not refused: replicas keep running and answer UNAVAILABLE.)"""
+    try:
+        open_store(spec).close()
+    except errors.SemigradError as e:
+        raise ValueError(str(e)) from None
+    except sqlite3.Error as e:
+        raise ValueError(f"--store {spec}: {e}") from None
 
 
 def _is_loopback(host: str) -> bool:

@@ -58,8 +58,13 @@ def _overrun(bound: deadline.Bound) -> str:
 
 
 def _graph_of(request) -> str:
+    """The request's graph id for the log line: the client's text, so escaped (repr) unless printable; a
+    newline in it would otherwise forge log lines of its own in the text format."""
     graph_id = getattr(request, "graph_id", "")
-    return status.bounded(graph_id, 80) if graph_id else "-"
+    if not graph_id:
+        return "-"
+    text = status.bounded(graph_id, 80)
+    return text if text.isprintable() and " " not in text else repr(text)
 
 
 class GraphServicer(pb_grpc.GraphServiceServicer):

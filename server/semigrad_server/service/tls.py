@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,4 +35,17 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
     for flag, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)):
         if path and not Path(path).is_file():
             raise ValueError(f"{flag}: no file {path}")
+    # Checked here, once: grpc only finds a key that does not match its certificate (or a file that
+    # is not PEM) when each worker starts, and the workers would die one after another.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=lambda: b"")  # an encrypted key fails, never prompts
+    except (ssl.SSLError, OSError) as e:
+        raise ValueError(f"--tls-cert {cert} and --tls-key {key} are not a PEM certificate chain and its "
+                         f"unencrypted private key: {e}") from None
+    if client_ca:
+        try:
+            context.load_verify_locations(cafile=client_ca)
+        except (ssl.SSLError, OSError) as e:
+            raise ValueError(f"--tls-client-ca {client_ca} holds no PEM certificate: {e}") from None
     return TlsFiles(cert, key, client_ca)

@@ -1,0 +1,44 @@
+"""`semigrad serve` refuses a store or TLS files it cannot use at once, in the one process, with exit
+status 2 and a message naming the option: not a traceback, and not worker after worker dying of it
+for the supervisor's whole give-up schedule (about 40 s on this machine)."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+from tls_certs import issue, make_ca, write
+
+
+def _serve(*args: str) -> tuple[int, str, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "semigrad_server", "serve", "--port", "1", *args],
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stderr, time.monotonic() - started
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_unknown_store_scheme_exits_2_naming_it(workers):
+    code, err, seconds = _serve("--workers", workers, "--store", "foo://x")
+    assert code == 2, err
+    assert "unknown store 'foo://x'" in err and "Traceback" not in err, err
+    assert seconds < 30, seconds  # no worker was started and restarted
+
+
+def test_tls_key_of_another_certificate_exits_2(tmp_path):
+    ca = make_ca()
+    cert, _ = write(tmp_path, "server", issue(ca, "localhost", server=True))
+    _, other_key = write(tmp_path, "client", issue(ca, "client", server=False))
+    code, err, seconds = _serve("--workers", "2", "--store", str(tmp_path / "g.sqlite"),
+                                "--tls-cert", cert, "--tls-key", other_key)
+    assert code == 2, err
+    assert "--tls-key" in err and "Traceback" not in err, err
+    assert seconds < 30, seconds
+
+
+def test_client_ca_that_is_not_a_certificate_exits_2(tmp_path):
+    ca = make_ca()
+    cert, key = write(tmp_path, "server", issue(ca, "localhost", server=True))
+    code, err, _ = _serve("--workers", "2", "--store", str(tmp_path / "g.sqlite"),
+                          "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", key)
+    assert code == 2 and "--tls-client-ca" in err, err
