@@ -185,7 +185,8 @@ def reduce_elements(x: np.ndarray, axes, keepdims: bool, combine: Callable[[list
     axes = tuple(range(rank)) if axes is None else tuple(sorted(a % rank for a in axes))
     kept = [i for i in range(rank) if i not in axes]
     out_shape = tuple(x.shape[i] for i in kept)
-    rows = x.transpose(kept + list(axes)).reshape(math.prod(out_shape), -1)
+    # the row length counted, not inferred with -1: NumPy cannot infer it when there are no rows
+    rows = x.transpose(kept + list(axes)).reshape(math.prod(out_shape), math.prod(x.shape[a] for a in axes))
     out = element_array([combine(list(row)) for row in rows], out_shape)
     if keepdims:
         out = out.reshape(tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
