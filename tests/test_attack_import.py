@@ -46,3 +46,18 @@ def test_softmax_over_a_non_empty_axis_of_size_one_is_accepted(in_process_client
     g.output("y", sg.softmax(x, -1))
     out = in_process_client.register(g).evaluate({"x": np.array([[3.0], [-2.0]])})["y"]
     np.testing.assert_array_equal(out, np.ones((2, 1)))
+
+
+@pytest.mark.parametrize("backend", ("tensor", "scalar", "jit"))
+def test_logsumexp_of_infinite_rows_is_the_same_on_every_backend(in_process_client, backend):
+    """torch.logsumexp gives -inf for a row of -inf (a fully masked row) and +inf for a row
+    holding +inf; the scalar and jit backends gave NaN (inf - inf), the tensor one ±inf."""
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    g.output("y", sg.logsumexp(x, axis=0))
+    f = in_process_client.register(g)
+    inf = np.inf
+    expected = {(-inf, -inf, -inf): -inf, (inf, 1.0, 2.0): inf, (-inf, 0.0, 1.0): np.log(1.0 + np.e)}
+    for row, value in expected.items():
+        got = f.evaluate({"x": np.array(row)}, backend=backend)["y"]
+        assert got == pytest.approx(value, rel=1e-12), (row, got)

@@ -243,6 +243,10 @@ def _lse_kernel(attrs, in_types, out_type):
 def _lse_expand(el, operands, attrs, in_types, out_type):
     def combine(row):
         m = el.reduce("maximum", row, el.number(-math.inf))
+        # the kernel's _stable_max: 0 for a row whose max is ±inf, so that a row of -inf gives -inf
+        # and a row holding +inf gives +inf (as torch.logsumexp), not inf - inf = NaN
+        finite = el.apply("lt", (el.apply("abs", (m,)), el.number(math.inf)))
+        m = el.apply("where", (finite, m, el.number(0.0)))
         total = el.reduce("add", [el.apply("exp", (el.apply("sub", (v, m)),)) for v in row], el.number(0.0))
         return el.apply("add", (el.apply("log", (total,)), m))
 
