@@ -61,3 +61,67 @@ def test_logsumexp_of_infinite_rows_is_the_same_on_every_backend(in_process_clie
     for row, value in expected.items():
         got = f.evaluate({"x": np.array(row)}, backend=backend)["y"]
         assert got == pytest.approx(value, rel=1e-12), (row, got)
+
+
+# ---------------------------------------------------------------- einsum's contraction work
+
+
+def _outer_sum_graph(n):
+    """einsum("ij,kl->") of two n×n inputs: 2n² elements in, one out, n⁴ products."""
+    g = sg.Graph()
+    a, b = g.input("a", (n, n)), g.input("b", (n, n))
+    g.output("y", sg.einsum("ij,kl->", a, b, name="outer"))
+    return g
+
+
+@pytest.mark.parametrize("limit, refused", [(150_000, True), (200_000, False)])
+def test_einsum_contraction_work_counts_in_max_request_elements(limit, refused):
+    """n = 20: 801 values per item but 160,000 products; before, only the 801 counted, so an
+    einsum of two 3000×3000 inputs (under every element limit) ran ~10^14 products past any
+    deadline. Both sides of the limit, on the tensor backend (the one that runs NumPy's einsum)."""
+    from semigrad_server.limits import Limits
+
+    n = 20
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(n, n)), rng.normal(size=(n, n))
+    with sg.Client(limits=Limits(max_request_elements=limit)) as client:
+        f = client.register(_outer_sum_graph(n))
+        if refused:
+            with pytest.raises(sg.SemigradError) as info:
+                f.evaluate({"a": a, "b": b}, backend="tensor")
+            assert info.value.code.name == "RESOURCE_EXHAUSTED"
+            assert "'outer'" in str(info.value) and str(limit) in str(info.value)
+        else:
+            y = f.evaluate({"a": a, "b": b}, backend="tensor")["y"]
+            assert y == pytest.approx(a.sum() * b.sum(), rel=1e-10)
+
+
+def test_a_huge_einsum_contraction_is_refused_before_it_runs(server_address):
+    """400×400 inputs (320,000 elements): 2.56·10^10 products, refused at once with the node
+    named; before, the worker computed it for tens of seconds after the client's deadline."""
+    import time
+
+    with sg.Client(server_address, timeout=5) as client:
+        f = client.register(_outer_sum_graph(400))
+        start = time.monotonic()
+        with pytest.raises(sg.SemigradError) as info:
+            f.evaluate({"a": np.ones((400, 400)), "b": np.ones((400, 400))}, backend="tensor")
+    assert info.value.code.name == "RESOURCE_EXHAUSTED", info.value
+    assert "'outer'" in str(info.value)
+    assert time.monotonic() - start < 4
+
+
+def test_three_operand_einsum_work_is_its_pairwise_steps():
+    """"ij,jk,kl->il" of n×n operands runs as two matmul-like steps of n³ products each: 2n³
+    products plus the values, under a limit that n⁴ (one joint loop) would exceed."""
+    from semigrad_server.limits import Limits
+
+    n = 30
+    rng = np.random.default_rng(1)
+    xs = [rng.normal(size=(n, n)) for _ in range(3)]
+    g = sg.Graph()
+    ins = [g.input(name, (n, n)) for name in "abc"]
+    g.output("y", sg.einsum("ij,jk,kl->il", *ins))
+    with sg.Client(limits=Limits(max_request_elements=2 * n ** 3 + 10 * n * n)) as client:
+        y = client.register(g).evaluate(dict(zip("abc", xs)), backend="tensor")["y"]
+    np.testing.assert_allclose(y, xs[0] @ xs[1] @ xs[2], rtol=1e-10)

@@ -64,6 +64,9 @@ class OpDef:
     expand: Callable | None = None  # expand(elements, operands, attrs, in_types, out_type): see Elements
     sympy_apply: Callable | None = None  # one element's SymPy expression from its operands' expressions
     scalar_cost: Callable | None = None  # (in_types, out_type) -> scalar operations an expansion makes
+    # (attrs, in_types, out_type) -> products one item's kernel computes beyond its result's elements (einsum:
+    # its contractions), counted with the elements in max_request_elements; None: none
+    work: Callable | None = None
     source: str | None = None  # stand-alone NumPy definition of `elementwise_fn`, where it has no source of its own
 
     def __post_init__(self):
