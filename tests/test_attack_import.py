@@ -125,3 +125,44 @@ def test_three_operand_einsum_work_is_its_pairwise_steps():
     with sg.Client(limits=Limits(max_request_elements=2 * n ** 3 + 10 * n * n)) as client:
         y = client.register(g).evaluate(dict(zip("abc", xs)), backend="tensor")["y"]
     np.testing.assert_allclose(y, xs[0] @ xs[1] @ xs[2], rtol=1e-10)
+
+
+# ---------------------------------------------------------------- x[int array]: NumPy's integer-array indexing
+
+
+def test_indexing_by_an_int_array_gathers_like_numpy(in_process_client):
+    """``table[tokens]`` (an int64 input, or a list of ints) is what NumPy code writes for an
+    embedding lookup; sg.trace and Handles refused it (TypeError: basic indexing only). Values
+    against NumPy's fancy indexing, gradients against np.add.at (duplicates add up)."""
+    g = sg.Graph()
+    table = g.input("table", (6, 3))
+    tokens = g.input("tokens", (2, 4), dtype="int64")
+    g.output("y", table[tokens])
+    g.output("z", table[[5, -1, 0]])
+    f = in_process_client.register(g)
+    t = np.arange(18.0).reshape(6, 3)
+    ids = np.array([[0, 5, -2, 1], [3, 3, 3, 0]])
+    grads, outs = f.gradient({"table": t, "tokens": ids}, wrt=["table"], return_outputs=True)
+    np.testing.assert_array_equal(outs["y"], t[ids])
+    np.testing.assert_array_equal(outs["z"], t[[5, -1, 0]])
+    expected = np.zeros((6, 3))
+    np.add.at(expected, ids, 1.0)
+    np.add.at(expected, [5, -1, 0], 1.0)
+    np.testing.assert_array_equal(grads["table"], expected)
+
+
+def test_traced_embedding_lookup_by_indexing(in_process_client):
+    def embed(table, tokens):
+        return np.tanh(table[tokens]).sum()
+
+    rng = np.random.default_rng(2)
+    t, ids = rng.normal(size=(7, 4)), np.array([1, 6, 1, 0])
+    f = in_process_client.register(sg.trace(embed, t, ids))
+    assert f.evaluate({"table": t, "tokens": ids})["out"] == pytest.approx(embed(t, ids), rel=1e-12)
+
+
+def test_a_boolean_mask_is_still_refused_naming_basic_indexing():
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    with pytest.raises(TypeError, match="basic indexing"):
+        x[np.array([True, False, True])]
