@@ -166,3 +166,33 @@ def test_a_boolean_mask_is_still_refused_naming_basic_indexing():
     x = g.input("x", (3,))
     with pytest.raises(TypeError, match="basic indexing"):
         x[np.array([True, False, True])]
+
+
+# ---------------------------------------------------------------- from_torch: adaptive average pooling
+
+
+@pytest.mark.parametrize("out, hw", [((2, 2), (8, 8)), ((4, None), (8, 6)), ((1, 1), (6, 4))])
+def test_adaptive_avg_pool_imports_when_the_output_divides_the_input(in_process_client, out, hw):
+    """A CNN head (nn.AdaptiveAvgPool2d) was refused as an unsupported ATen op; values and
+    gradients against torch.autograd."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(out)).double().eval()
+    x = torch.randn(2, 3, *hw, dtype=torch.float64)
+    imported = sg.from_torch(model, (x,))
+    f = in_process_client.register(imported.graph)
+    grads, outs = f.gradient(imported.inputs_for(x), wrt=imported.parameter_names, return_outputs=True)
+    y = model(x)
+    y.sum().backward()
+    np.testing.assert_allclose(outs["output"], y.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(grads["0.weight"], model[0].weight.grad.numpy(), rtol=1e-10, atol=1e-13)
+
+
+def test_adaptive_avg_pool_with_unequal_windows_is_refused_naming_the_op():
+    torch = pytest.importorskip("torch")
+    model = torch.nn.AdaptiveAvgPool2d((3, 3))
+    with pytest.raises(sg.TorchImportError) as info:
+        sg.from_torch(model, (torch.ones(1, 2, 8, 8, dtype=torch.float64),))
+    (problem,) = info.value.problems
+    assert problem[0] == "aten._adaptive_avg_pool2d.default" and "divide" in str(info.value)

@@ -563,3 +563,18 @@ def _avg_pool(b, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_in
     padding = _pair(padding, n)
     pool = F.avg_pool1d if n == 1 else F.avg_pool2d
     return pool(x, tuple(kernel), stride=tuple(stride), padding=tuple(padding), name=b.name)
+
+
+@op("aten._adaptive_avg_pool2d.default")
+def _adaptive_avg_pool(b, x, output_size):
+    """Adaptive average pooling whose output size divides the input's (ResNet's (1, 1) head, 8×8 to
+    4×4): PyTorch's windows are then the average pool of kernel = stride = input // output."""
+    spatial = _shape(x)[-2:]
+    out = _pair(output_size, 2)
+    if any(o is None for o in out):
+        out = [s if o is None else o for s, o in zip(spatial, out)]
+    if any(o <= 0 or s % o for s, o in zip(spatial, out)):
+        raise Unsupported(f"adaptive average pooling of {list(spatial)} to {list(out)} (the output size must "
+                          "divide the input size: windows of unequal sizes)")
+    kernel = tuple(s // o for s, o in zip(spatial, out))
+    return F.avg_pool2d(x, kernel, stride=kernel, padding=(0, 0), name=b.name)
