@@ -196,3 +196,40 @@ def test_adaptive_avg_pool_with_unequal_windows_is_refused_naming_the_op():
         sg.from_torch(model, (torch.ones(1, 2, 8, 8, dtype=torch.float64),))
     (problem,) = info.value.problems
     assert problem[0] == "aten._adaptive_avg_pool2d.default" and "divide" in str(info.value)
+
+
+# ---------------------------------------------------------------- from_torch: embedding padding_idx
+
+
+def test_embedding_padding_idx_row_gets_no_gradient_like_torch(client):
+    """nn.Embedding(padding_idx=0) (BERT's word embeddings): torch's backward leaves the padding
+    row's gradient 0; the import gave it the gradient of every padding token (silently wrong).
+    Values, gradients (against torch.autograd) and max_product paths (none reach the row)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4, padding_idx=0)
+            self.head = torch.nn.Linear(4, 2)
+
+        def forward(self, tokens):
+            return torch.tanh(self.head(self.emb(tokens))).sum(1)
+
+    model = Model().double().eval()
+    with torch.no_grad():
+        model.emb.weight[0] = torch.tensor([0.5, -1.0, 2.0, 0.25])  # a non-zero padding row still reads as is
+    tokens = torch.tensor([[0, 3, 0, 7, 3]])
+    imported = sg.from_torch(model, (tokens,))
+    f = client.register(imported.graph)
+    inputs = imported.inputs_for(tokens)
+    grads, outs = f.gradient(inputs, wrt=imported.parameter_names, return_outputs=True)
+    y = model(tokens)
+    y.sum().backward()
+    np.testing.assert_allclose(outs["output"], y.detach().numpy(), rtol=1e-12)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-10, atol=1e-13, err_msg=name)
+    assert not grads["emb.weight"][0].any() and grads["emb.weight"][3].any()
+    best = f.gradient(inputs, wrt=["emb.weight"], semiring="max_product")["emb.weight"]
+    assert not best[0].any() and best[3].all()

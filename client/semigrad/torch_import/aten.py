@@ -441,7 +441,17 @@ def _addmm(b, bias, x, y, *, beta=1, alpha=1):
 def _embedding(b, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if scale_grad_by_freq:
         raise Unsupported("embedding with scale_grad_by_freq=True")
-    return _take(b, weight, indices, 0, b.name)
+    if padding_idx is None or padding_idx < 0:
+        return _take(b, weight, indices, 0, b.name)
+    # torch's lookup of padding_idx is an ordinary read, but its backward gives that row no
+    # gradient (nn.Embedding(padding_idx=0), BERT's): where a token is the padding index, the
+    # looked-up row goes through an identity whose derivative is 0 (no path in any semiring)
+    looked = _take(b, weight, indices, 0, b.tmp())
+    detach = b.graph.op("embedding_padding_row", ["x"], "x", {"x": "0"},
+                        doc="the identity with derivative 0: the padding row of an embedding")
+    padding = F.eq(indices, b.const(np.asarray(padding_idx, np.int64)), name=b.tmp())
+    padding = F.reshape(padding, _shape(indices) + (1,), name=b.tmp())
+    return F.where(padding, detach(looked, name=b.tmp()), looked, name=b.name)
 
 
 @op("aten.index_select.default")
