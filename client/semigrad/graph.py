@@ -143,6 +143,16 @@ class Graph:
                 return candidate
 
 
+def _is_index_array(key) -> bool:
+    """An int64 Handle, or a NumPy array or list of integers with at least one axis."""
+    if isinstance(key, Handle):
+        return key.dtype == "int64"
+    if isinstance(key, (np.ndarray, list)):
+        array = np.asarray(key)
+        return array.ndim > 0 and array.dtype.kind in "iu"
+    return False
+
+
 def _operator(function_name: str, reflected: bool = False):
     """A binary operator method calling ``semigrad.<function_name>``.
 
@@ -163,7 +173,8 @@ class Handle:
 
     ``graph``, ``id`` (node id or input name), ``shape`` (tuple, or None when not inferred
     client-side) and ``dtype`` (name, or None). Operators build nodes: ``+ - * / ** @``, unary
-    ``-``, ``abs()``, comparisons, basic indexing ``x[0, 1:3, ::-1]`` and ``.T``; Python numbers
+    ``-``, ``abs()``, comparisons, basic indexing ``x[0, 1:3, ::-1]`` (an int64 Handle or integer
+    array as the whole key gathers along the first axis: ``table[tokens]``) and ``.T``; Python numbers
     and arrays mixed in become consts. Handles hash by identity and have no truth value.
     """
 
@@ -239,6 +250,11 @@ class Handle:
         return F.transpose(self, axes or None, name=name)
 
     def __getitem__(self, key) -> Handle:
+        """Basic indexing (ints and slices); an int64 Handle or an integer array as the whole key
+        is NumPy's integer-array indexing along the first axis, ``np.take(x, key, axis=0)``
+        (a gather: ``table[tokens]`` is an embedding lookup)."""
+        if _is_index_array(key):
+            return F.gather(self, key, axis=0)
         return F.index(self, key)
 
     @property

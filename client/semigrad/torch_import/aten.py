@@ -441,7 +441,17 @@ def _addmm(b, bias, x, y, *, beta=1, alpha=1):
 def _embedding(b, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if scale_grad_by_freq:
         raise Unsupported("embedding with scale_grad_by_freq=True")
-    return _take(b, weight, indices, 0, b.name)
+    if padding_idx is None or padding_idx < 0:
+        return _take(b, weight, indices, 0, b.name)
+    # torch's lookup of padding_idx is an ordinary read, but its backward gives that row no
+    # gradient (nn.Embedding(padding_idx=0), BERT's): where a token is the padding index, the
+    # looked-up row goes through an identity whose derivative is 0 (no path in any semiring)
+    looked = _take(b, weight, indices, 0, b.tmp())
+    detach = b.graph.op("embedding_padding_row", ["x"], "x", {"x": "0"},
+                        doc="the identity with derivative 0: the padding row of an embedding")
+    padding = F.eq(indices, b.const(np.asarray(padding_idx, np.int64)), name=b.tmp())
+    padding = F.reshape(padding, _shape(indices) + (1,), name=b.tmp())
+    return F.where(padding, detach(looked, name=b.tmp()), looked, name=b.name)
 
 
 @op("aten.index_select.default")
@@ -563,3 +573,18 @@ def _avg_pool(b, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_in
     padding = _pair(padding, n)
     pool = F.avg_pool1d if n == 1 else F.avg_pool2d
     return pool(x, tuple(kernel), stride=tuple(stride), padding=tuple(padding), name=b.name)
+
+
+@op("aten._adaptive_avg_pool2d.default")
+def _adaptive_avg_pool(b, x, output_size):
+    """Adaptive average pooling whose output size divides the input's (ResNet's (1, 1) head, 8×8 to
+    4×4): PyTorch's windows are then the average pool of kernel = stride = input // output."""
+    spatial = _shape(x)[-2:]
+    out = _pair(output_size, 2)
+    if any(o is None for o in out):
+        out = [s if o is None else o for s, o in zip(spatial, out)]
+    if any(o <= 0 or s % o for s, o in zip(spatial, out)):
+        raise Unsupported(f"adaptive average pooling of {list(spatial)} to {list(out)} (the output size must "
+                          "divide the input size: windows of unequal sizes)")
+    kernel = tuple(s // o for s, o in zip(spatial, out))
+    return F.avg_pool2d(x, kernel, stride=kernel, padding=(0, 0), name=b.name)

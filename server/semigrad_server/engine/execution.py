@@ -39,8 +39,10 @@ def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> int:
     items = math.prod(batch_shape)
     work = items * plan.item_elements
     if work > limits.max_request_elements:
+        heaviest = getattr(plan, "heaviest", None)
+        at = f", node {quoted(heaviest[1])} alone {heaviest[0]} products per item" if heaviest else ""
         raise ResourceExhausted(
-            f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item); "
+            f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item{at}); "
             f"the limit is {limits.max_request_elements}: send smaller batches")
     operations = items * plan.item_operations
     if operations > limits.max_request_operations:

@@ -64,6 +64,9 @@ class OpDef:
     expand: Callable | None = None  # expand(elements, operands, attrs, in_types, out_type): see Elements
     sympy_apply: Callable | None = None  # one element's SymPy expression from its operands' expressions
     scalar_cost: Callable | None = None  # (in_types, out_type) -> scalar operations an expansion makes
+    # (attrs, in_types, out_type) -> products one item's kernel computes beyond its result's elements (einsum:
+    # its contractions), counted with the elements in max_request_elements; None: none
+    work: Callable | None = None
     source: str | None = None  # stand-alone NumPy definition of `elementwise_fn`, where it has no source of its own
 
     def __post_init__(self):
@@ -185,7 +188,8 @@ def reduce_elements(x: np.ndarray, axes, keepdims: bool, combine: Callable[[list
     axes = tuple(range(rank)) if axes is None else tuple(sorted(a % rank for a in axes))
     kept = [i for i in range(rank) if i not in axes]
     out_shape = tuple(x.shape[i] for i in kept)
-    rows = x.transpose(kept + list(axes)).reshape(math.prod(out_shape), -1)
+    # the row length counted, not inferred with -1: NumPy cannot infer it when there are no rows
+    rows = x.transpose(kept + list(axes)).reshape(math.prod(out_shape), math.prod(x.shape[a] for a in axes))
     out = element_array([combine(list(row)) for row in rows], out_shape)
     if keepdims:
         out = out.reshape(tuple(1 if i in axes else d for i, d in enumerate(x.shape)))

@@ -81,16 +81,7 @@ def _kernel(attrs, in_types, out_type):
     if len(terms) <= 2:
         spec = _canonical(terms, out)
         return lambda *xs: np.einsum(spec, *xs)
-    item_spec = ",".join(terms) + "->" + out
-    path = np.einsum_path(item_spec, *(np.zeros(t.shape) for t in in_types), optimize="greedy")[0][1:]
-    steps, live = [], list(terms)
-    for pair in path:
-        i, j = sorted(pair, reverse=True)
-        a, b = live.pop(i), live.pop(j)
-        rest = set(out).union(*live)
-        new = "".join(c for c in dict.fromkeys(b + a) if c in rest)
-        steps.append((i, j, _canonical([b, a], new) if len(live) else _canonical([b, a], out)))
-        live.append(new if live else out)
+    steps = [(i, j, _canonical([b, a], new)) for i, j, a, b, new in _pairwise(terms, out, in_types)]
 
     def einsum(*xs):
         xs = list(xs)
@@ -100,6 +91,32 @@ def _kernel(attrs, in_types, out_type):
         return xs[0]
 
     return einsum
+
+
+def _pairwise(terms, out, in_types):
+    """The kernel's steps for three or more operands: (i, j, term i, term j, result term), each
+    contracting the live operands i > j into one appended last (NumPy's greedy path)."""
+    item_spec = ",".join(terms) + "->" + out
+    path = np.einsum_path(item_spec, *(np.broadcast_to(0.0, t.shape) for t in in_types), optimize="greedy")[0][1:]
+    steps, live = [], list(terms)
+    for pair in path:
+        i, j = sorted(pair, reverse=True)
+        a, b = live.pop(i), live.pop(j)
+        rest = set(out).union(*live)
+        new = "".join(c for c in dict.fromkeys(b + a) if c in rest) if live else out
+        steps.append((i, j, a, b, new))
+        live.append(new)
+    return steps
+
+
+def _work(attrs, in_types, out_type) -> int:
+    """Products one item's kernel computes: an einsum of two operands visits every combination
+    of their letters ("ij,kl->" of two n×n operands: n⁴ products from 2n² elements), which the
+    elements of the values do not bound; counted in max_request_elements before a request runs."""
+    terms, out, sizes = parse(_NoNode, attrs["subscripts"], in_types)
+    if len(terms) <= 2:
+        return math.prod(sizes.values())
+    return sum(math.prod(sizes[c] for c in set(a + b)) for _, _, a, b, _ in _pairwise(terms, out, in_types))
 
 
 class _NoNode:  # kernels run on checked nodes: parse never raises there
@@ -196,4 +213,4 @@ def register(registry: Registry) -> None:
         attrs=(AttrSpec("subscripts", "string", required=True, doc="e.g. 'bij,bjk->bik'; letters only, no '...'"),),
         derivatives=(("x", "einsum of the adjoint with the other operands (semiring: ⊕ of φ(∏ others) ⊗ g)"),),
         doc="numpy.einsum over explicit letters (implicit output: letters used once, sorted)",
-        expand=_expand, scalar_cost=_cost, analytic=True))
+        expand=_expand, scalar_cost=_cost, work=_work, analytic=True))

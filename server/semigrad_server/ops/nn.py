@@ -111,7 +111,8 @@ def _row_expand(axes_of, build):
         axes = axes_of(attrs, rank)
         perm, inverse = _row_layout(axes, rank)
         moved = x.transpose(perm)
-        rows = moved.reshape(-1, math.prod(x.shape[a] for a in axes))
+        # rows counted, not inferred with -1: with zero rows NumPy cannot infer it
+        rows = moved.reshape(math.prod(moved.shape[: rank - len(axes)]), math.prod(x.shape[a] for a in axes))
         out = [v for row in rows for v in build(el, list(row), attrs)]
         return element_array(out, moved.shape).transpose(inverse)
 
@@ -124,7 +125,9 @@ def _axis_attr(attrs, rank):
 
 def _axis_infer(node, in_types, attrs):
     (t,) = in_types
-    normalize_axis(node, attrs["axis"], t.rank)
+    axis = normalize_axis(node, attrs["axis"], t.rank)
+    if t.shape[axis] == 0:
+        raise GraphError(node.id, f"{node.op} over an empty axis")
     return Type(t.shape, _float_operands(node, in_types))
 
 
@@ -240,6 +243,10 @@ def _lse_kernel(attrs, in_types, out_type):
 def _lse_expand(el, operands, attrs, in_types, out_type):
     def combine(row):
         m = el.reduce("maximum", row, el.number(-math.inf))
+        # the kernel's _stable_max: 0 for a row whose max is ±inf, so that a row of -inf gives -inf
+        # and a row holding +inf gives +inf (as torch.logsumexp), not inf - inf = NaN
+        finite = el.apply("lt", (el.apply("abs", (m,)), el.number(math.inf)))
+        m = el.apply("where", (finite, m, el.number(0.0)))
         total = el.reduce("add", [el.apply("exp", (el.apply("sub", (v, m)),)) for v in row], el.number(0.0))
         return el.apply("add", (el.apply("log", (total,)), m))
 

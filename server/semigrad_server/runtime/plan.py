@@ -76,6 +76,13 @@ class Plan:
         self.n_slots = len(slots)
         self.types = {ref: types[ref] for ref in slots}
         self.item_elements = sum(t.size for t in self.types.values()) or 1
+        self.heaviest = None  # (work, node id) of the costliest kernel with work beyond its result
+        for node in live_order:  # work a kernel does beyond its result (an einsum's contractions)
+            work = registry.get(node).work
+            if work is not None:
+                work = work(node_attrs[node.id], [types[r] for r in node.inputs], types[node.id])
+                self.item_elements += work
+                self.heaviest = max(self.heaviest or (work, node.id), (work, node.id))
 
         ops = {node.id: registry.get(node) for node in live_order}
         constant = set()  # nodes that depend on constants only (candidates for folding)
