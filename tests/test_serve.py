@@ -222,7 +222,16 @@ def test_a_killed_worker_is_replaced_and_the_service_keeps_answering(tmp_path):
 
 
 def test_the_supervisor_gives_up_when_no_worker_can_stay_up(tmp_path):
-    """Workers that cannot open their store die at once: after a few tries the supervisor exits non-zero."""
-    result = run_cli("serve", "--port", str(free_port()), "--workers", "2", "--store", str(tmp_path))
+    """Workers that cannot bind their port (held by a socket that does not share it) die before they
+    serve: after a few tries the supervisor exits non-zero. (A store it cannot open is refused before
+    any worker starts: tests/test_serve_refuses_bad_config.py.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port",
+                                 str(port), "--workers", "2", "--store", str(tmp_path / "graphs.sqlite")],
+                                capture_output=True, text=True, timeout=180)
     assert result.returncode == 1, result.stderr
-    assert "gave up" in result.stderr and result.stderr.count("replacing it") >= 5, result.stderr
+    assert "gave up" in result.stderr and result.stderr.count("before it could serve; replacing it") >= 5, \
+        result.stderr

@@ -95,9 +95,10 @@ def test_functions_and_attrs():
 def test_errors_at_build_time():
     g, other = semigrad.Graph(), semigrad.Graph()
     x = g.input("x", (2, 3))
-    for key in (..., None, [0], x, (0, True)):
+    for key in (..., None, x, (0, True), [0.5]):  # x is float64: not an index
         with pytest.raises(TypeError):
             x[key]
+    assert x[[1, 0, 1]].shape == (3, 3) and x[[[0], [1]]].shape == (2, 1, 3)  # integer arrays gather rows, as in NumPy
     with pytest.raises(IndexError, match="index"):
         x[2]
     with pytest.raises(ValueError, match="matmul"):
