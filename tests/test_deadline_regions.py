@@ -40,6 +40,19 @@ def test_a_region_stops_at_the_deadline(work):
     assert time.monotonic() - started < 0.2 + SLACK + 0.5  # generous: a loaded machine schedules late
 
 
+def test_a_region_without_a_deadline_leaves_the_watchdog_serving_later_ones():
+    """A call without any deadline has an infinite bound; waiting for it once killed the watchdog
+    (OverflowError), and no later region was ever interrupted."""
+    endless = deadline.Bound(float("inf"))
+    with deadline.serving(endless):
+        assert deadline.interruptibly("in the test", lambda: time.sleep(0.3) or 42) == 42  # the watchdog waits on it
+    started = time.monotonic()
+    bound = deadline.Bound(time.monotonic() + 0.2)
+    with deadline.serving(bound), pytest.raises(DeadlineExceeded):
+        deadline.interruptibly("in the test", spin)
+    assert time.monotonic() - started < 0.2 + SLACK + 0.5
+
+
 def test_a_cancellation_interrupts_at_once():
     bound = deadline.Bound(time.monotonic() + 60)
     threading.Timer(0.2, bound.cancel).start()

@@ -157,6 +157,7 @@ class _Region:
                 continue
 
 
+MAX_WAIT_SECONDS = 60.0  # the watchdog's longest sleep (it wakes sooner for every new region)
 COMPACT_AT = 1024  # regions waiting in the watchdog's heap before the ones already left are dropped
 
 
@@ -178,7 +179,7 @@ class _Watchdog:
                 heapq.heapify(self._heap)
                 self._compact_at = max(COMPACT_AT, 2 * len(self._heap))
             heapq.heappush(self._heap, (region.bound.deadline, next(self._order), region))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="semigrad-deadlines", daemon=True)
                 self._thread.start()
             self._wake.notify()
@@ -195,7 +196,9 @@ class _Watchdog:
                     continue
                 due = self._heap[0][0] - time.monotonic()
                 if due > 0:
-                    self._wake.wait(due)
+                    # Capped: a call without a deadline has an infinite bound, and a wait that long
+                    # raises OverflowError, which ended this thread and every later interruption.
+                    self._wake.wait(min(due, MAX_WAIT_SECONDS))
                     continue
                 heapq.heappop(self._heap)[2].fire()
 
