@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import GraphError, ResourceExhausted
 from ..ir import Type
 from .base import AttrSpec, OpDef, Registry, element_array, normalize_axis, reduce_elements
+from .structural import reduce_axes
 
 
 # Kernel offsets one conv or pool may visit: each is one vectorised step of the kernel and a few
@@ -206,20 +207,10 @@ def _log_softmax_vjp(ctx, node, g, positions):
 # ---------------------------------------------------------------- logsumexp
 
 
-def _lse_axes(node, attrs, rank):
-    axes = attrs["axes"]
-    if axes is None:
-        return tuple(range(rank))
-    norm = tuple(sorted(normalize_axis(node, a, rank) for a in axes))
-    if len(set(norm)) != len(norm):
-        raise GraphError(node.id, f"repeated axis in {list(axes)}")
-    return norm
-
-
 def _lse_infer(node, in_types, attrs):
     (t,) = in_types
     dtype = _float_operands(node, in_types)
-    axes = _lse_axes(node, attrs, t.rank)
+    axes = reduce_axes(node, attrs, t.rank)
     if any(t.shape[a] == 0 for a in axes):
         raise GraphError(node.id, "logsumexp over an empty axis")
     if attrs["keepdims"]:
@@ -256,7 +247,7 @@ def _lse_expand(el, operands, attrs, in_types, out_type):
 def _lse_vjp(ctx, node, g, positions):
     x = node.inputs[0]
     t = ctx.type(x)
-    axes = _lse_axes(node, ctx.attrs(node), t.rank)
+    axes = reduce_axes(node, ctx.attrs(node), t.rank)
     kshape = tuple(1 if i in axes else d for i, d in enumerate(t.shape))
     partial = ctx.emit("exp", [ctx.emit("sub", [x, ctx.emit("reshape", [node.id], shape=kshape)])])  # softmax
     spread = ctx.emit("broadcast_to", [ctx.emit("reshape", [g], shape=kshape)], shape=t.shape)

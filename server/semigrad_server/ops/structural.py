@@ -47,7 +47,8 @@ def _const_expand(el, operands, attrs, in_types, out_type):
 # ---------------------------------------------------------------- reductions
 
 
-def _reduce_axes(node, attrs, rank):
+def reduce_axes(node, attrs, rank):
+    """The sorted, normalised `axes` attribute of a reduction (None: every axis)."""
     axes = attrs["axes"]
     if axes is None:
         return tuple(range(rank))
@@ -59,7 +60,7 @@ def _reduce_axes(node, attrs, rank):
 
 def reduce_infer(node, in_types, attrs):
     (t,) = in_types
-    axes = _reduce_axes(node, attrs, t.rank)
+    axes = reduce_axes(node, attrs, t.rank)
     if node.op in ("max", "min") and any(t.shape[a] == 0 for a in axes):
         raise GraphError(node.id, f"{node.op} over an empty axis")
     if attrs["keepdims"]:
@@ -103,7 +104,7 @@ def _min_expand(el, operands, attrs, in_types, out_type):
 
 def _keepdims_shape(node, ctx):
     t = ctx.type(node.inputs[0])
-    axes = _reduce_axes(node, ctx.attrs(node), t.rank)
+    axes = reduce_axes(node, ctx.attrs(node), t.rank)
     return tuple(1 if i in axes else d for i, d in enumerate(t.shape)), t
 
 
