@@ -253,11 +253,11 @@ def test_a_call_without_a_deadline_gets_the_servers_default(impatient_server, rp
     with grpc.insecure_channel(impatient_server) as channel:
         stub = pb_grpc.GraphServiceStub(channel)
         gid = register(stub, concat_graph(30_002))
-        started = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
             stub.Gradient(pb.GradientRequest(graph_id=gid, inputs={"x": codec.to_tensor(np.ones(1))}))  # no timeout
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert time.monotonic() - started < DEFAULT_SECONDS + 5  # (the old code: 15-20 s)
+        # The server's own clock says when its work stopped (the old code: 15-20 s); the client's
+        # wall clock adds a loaded machine's scheduling (12 s once in CI) and proves nothing more.
         assert_stopped_in_time(server_line(rpc_log, "Gradient"))
 
 
