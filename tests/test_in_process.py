@@ -6,6 +6,7 @@ inputs cannot change. The rest of the client API runs against both through the `
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -209,3 +210,30 @@ def _wait_for_no_hook_threads(timeout: float = 5.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError([t.name for t in threading.enumerate()])
+
+
+def test_paths_reports_descriptions_and_streams_equal_the_servers(remote_client, in_process_client, rng):
+    a = rng.normal(size=(3, 3))
+    batch = rng.normal(size=(50, 3, 3))
+    got, want = {}, {}
+    for client, into in ((remote_client, want), (in_process_client, got)):
+        f = client.register(det_graph(3))
+        into["paths"] = f.gradient({"A": a}, semiring="max_product", best_path=[("A", (0, 1)), ("A", (2, 2))]).best_paths
+        into["crosscheck"] = re.sub(r"ran in [0-9.]+ s", "", str(f.crosscheck({"A": a})))  # (times differ)
+        into["symbolic"] = f.symbolic_gradient().python
+        into["describe"] = f.describe(semiring="max_product")
+        into["dot"] = f.to_dot(inputs={"A": a})
+        streamed = f.gradient_many({"A": batch}, chunk_size=7, return_outputs=True, progress=False)
+        into["stream"] = (streamed["A"], streamed.outputs["det"])
+        into["entropy"] = f.gradient({"A": a}, semiring="entropy", return_components=True).components
+    assert got["paths"] == want["paths"] and len(got["paths"]) == 2
+    assert got["crosscheck"] == want["crosscheck"] and got["symbolic"] == want["symbolic"] and "def jacobian" in got["symbolic"]
+    assert got["describe"] == want["describe"] and got["dot"] == want["dot"]
+    for g, w in zip(got["stream"], want["stream"]):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_allclose(got["stream"][0], np.linalg.det(batch)[:, None, None]
+                               * np.linalg.inv(batch).transpose(0, 2, 1), rtol=1e-10)
+    assert got["entropy"].keys() == want["entropy"].keys()
+    for name, parts in want["entropy"].items():
+        for part, value in parts.items():
+            np.testing.assert_array_equal(got["entropy"][name][part], value)
