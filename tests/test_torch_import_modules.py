@@ -232,7 +232,7 @@ def _reference(module, args, seeds):
     outs = torch.func.functional_call(module, state, tuple(inputs))
     outs = outs if isinstance(outs, tuple) else (outs,)
     wrt = {**params, **{f"arg{i}": a for i, a in enumerate(inputs) if a.requires_grad}}
-    floats = [(o, torch.from_numpy(s)) for o, s in zip(outs, seeds) if o.is_floating_point()]
+    floats = [(o, torch.from_numpy(np.asarray(s))) for o, s in zip(outs, seeds) if o.is_floating_point()]
     grads = torch.autograd.grad([o for o, _ in floats], list(wrt.values()), [s for _, s in floats],
                                 allow_unused=True)
     return ([o.detach().numpy() for o in outs],
