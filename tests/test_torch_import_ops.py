@@ -82,6 +82,14 @@ CASES = {
                              nn.MaxPool2d(2, stride=1, padding=1), nn.AvgPool2d(2), nn.Conv2d(4, 2, 1, bias=False)),
                (_t(2, 3, 7, 6),)),
     "dropout_eval": (nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.ReLU()), (_t(2, 3),)),
+    "advanced_indexing": (Fn(lambda m, x: torch.cat([
+        x[torch.tensor([[0, 1]]), :, torch.tensor([-1, 2])].flatten(),  # two apart: the indexed axis first
+        x[:, torch.tensor([2, -3])][..., torch.tensor([0, 0, 3])].flatten(),
+        torch.zeros(2, 3, 4, dtype=torch.float64).scatter_add(2, torch.tensor([[[3, 0], [1, 1], [0, 2]]] * 2), x[..., :2]).flatten(),
+        x.index_put((torch.tensor([1, 0, 1]),), m.w, accumulate=True).flatten(),
+        torch.topk(x, 2, dim=1).values.flatten(), x.repeat(2, 1, 1, 2).flatten(),
+        (x * torch.cumsum(torch.ones(3, 4, dtype=torch.int64), 1)).flatten()]), w=_t(4, seed=6)),
+        (_t(2, 3, 4),)),
     "two_outputs": (Fn(lambda m, x: (x * m.w, (x @ m.w.T).tanh()), w=_t(3, 3, seed=5)), (_t(3,),)),
 }
 
