@@ -367,3 +367,16 @@ def test_an_exported_program_imports_like_its_module():
     from_program = sg.from_torch(torch.export.export(module, (x,)))
     assert from_program.graph.to_proto() == from_module.graph.to_proto()
     assert from_program.parameter_names == from_module.parameter_names
+
+
+def test_hardsigmoid_gradient_is_the_closed_form(client):
+    """F.hardsigmoid imports exactly: gradient 1/6 inside (-3, 3), 0 outside. (torch.autograd's own
+    float64 gradient is float32's 1/6, 0.1666666716..., a relative 3e-8 off: the closed form is the
+    reference here, not torch.)"""
+    x = torch.tensor([-4.0, -2.5, -0.3, 0.7, 2.9, 3.5], dtype=torch.float64)
+    result = sg.from_torch(lambda v: torch.nn.functional.hardsigmoid(v), (x,))
+    (arg,) = result.user_inputs
+    grads, outs = client.register(result.graph).gradient(result.inputs_for(x), wrt=[arg], return_outputs=True)
+    inside = np.abs(x.numpy()) < 3
+    np.testing.assert_allclose(outs["output"], np.clip(x.numpy() / 6 + 0.5, 0, 1), rtol=1e-15)
+    np.testing.assert_array_equal(grads[arg], np.where(inside, 1 / 6, 0.0))
