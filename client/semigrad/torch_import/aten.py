@@ -900,7 +900,7 @@ def _max_pool(b, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fal
     return values, Missing("the indices of max pooling")
 
 
-@op("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool1d.default")
+@op("aten.adaptive_max_pool2d.default")
 def _adaptive_max_pool(b, x, output_size):
     """Adaptive max pooling whose output size divides the input's: the max pool of kernel = stride
     = input // output (unequal windows are refused)."""
@@ -945,7 +945,7 @@ def _avg_pool(b, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_in
     return F.mul(mean, b.const((math.prod(kernel) / divisor).astype(x.dtype)), name=b.name)
 
 
-@op("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool1d.default")
+@op("aten._adaptive_avg_pool2d.default")
 def _adaptive_avg_pool(b, x, output_size):
     """Adaptive average pooling. When the output size divides the input's (ResNet's (1, 1) head,
     8×8 to 4×4) PyTorch's windows are the average pool of kernel = stride = input // output;
