@@ -18,6 +18,12 @@ from .builder import Lazy, Missing, NodeBuilder, Unsupported
 
 PARAMS = ("inputs", "constants")
 
+# A call whose arguments are all constants (index grids of padding and resizing, masks built from
+# arange and full, lifted constant tensors) is computed by torch at import time and becomes one
+# const node, when its results have at most this many elements: ATen ops the table cannot express
+# (a float-to-int cast of an index grid, floor) are fine there. Larger ones go through the table.
+MAX_FOLDED_ELEMENTS = 1 << 16
+
 
 class TorchImportError(ValueError):
     """The exported program has ops or arguments semigrad cannot express. ``problems`` lists every
@@ -200,6 +206,7 @@ class _Importer:
         self.input_names: set[str] = set()
         self.taken: set[str] = set()  # input names and node ids share one namespace
         self.skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+        self.folded: dict[str, object] = {}  # FX node name -> torch's value, for calls of constants only
 
     def run(self) -> TorchImport:
         parameters, buffers, leaves, user_inputs = self.placeholders()
@@ -243,6 +250,8 @@ class _Importer:
                     continue
                 value = _array(self.state(spec))
                 key = self.names.get(spec.target, spec.target)
+                if spec.kind == kinds.CONSTANT_TENSOR and value.size <= MAX_FOLDED_ELEMENTS:
+                    self.folded[name] = self.state(spec)  # calls of it alone are folded too
                 if spec.kind == kinds.CONSTANT_TENSOR or self.params == "constants":
                     self.env[name] = self.graph.const(value, name=self.unique(key))
                 else:
@@ -296,6 +305,13 @@ class _Importer:
             if target != "getitem" and target not in TABLE:
                 self.problem(node, target, "no semigrad translation for this ATen op")
             return
+        folded = self.fold(node)
+        if folded is not None:
+            value = self.constant(node, folded)
+            self.env[node.name] = value
+            if hasattr(value, "id"):
+                self.nodes[node.name] = value.id
+            return
         builder = None
         try:
             args = fx.node.map_arg(node.args, lambda n: self.value(n))
@@ -314,18 +330,13 @@ class _Importer:
                 value = entry(builder, *args, **kwargs)
             if isinstance(value, Missing):
                 raise Unsupported(value.reason)
+            self.check(node, target, value)
         except Unsupported as error:
             self.problem(node, target, str(error))
             self.failed.add(node.name)
             return
         except (ValueError, TypeError, IndexError) as error:  # a semigrad function refused the arguments
             self.problem(node, target, f"semigrad refused the arguments: {type(error).__name__}: {error}")
-            self.failed.add(node.name)
-            return
-        try:
-            self.check(node, target, value)
-        except Unsupported as error:
-            self.problem(node, target, str(error))
             self.failed.add(node.name)
             return
         self.env[node.name] = value
@@ -336,6 +347,40 @@ class _Importer:
             results = {v.id for v in (value if isinstance(value, tuple) else (value,)) if hasattr(v, "id")}
             for made in [*builder.helpers, *([builder.name] if builder.name in results else [])]:
                 self.modules[made] = path
+
+    def fold(self, node):
+        """torch's value of ``node`` when every argument is a constant (a call of no tensor, or of
+        folded calls), deterministic and of at most MAX_FOLDED_ELEMENTS elements; else None."""
+        if any(n.name not in self.folded for n in node.all_input_nodes):
+            return None
+        if node.target is not operator.getitem:
+            tags = getattr(node.target, "tags", None)
+            if (tags is None or self.torch.Tag.nondeterministic_seeded in tags
+                    or str(node.target).startswith("aten.empty")):  # random, or uninitialised memory
+                return None
+        vals = node.meta.get("val")
+        vals = vals if isinstance(vals, (tuple, list)) else (vals,)
+        if not all(hasattr(v, "numel") for v in vals) or sum(v.numel() for v in vals) > MAX_FOLDED_ELEMENTS:
+            return None
+        fx = self.torch.fx
+        args = fx.node.map_arg(node.args, lambda n: self.folded[n.name])
+        kwargs = fx.node.map_arg(node.kwargs, lambda n: self.folded[n.name])
+        try:
+            value = node.target(*args, **kwargs)
+        except Exception:  # torch cannot run it eagerly: the table decides alone
+            return None
+        self.folded[node.name] = value
+        return value
+
+    def constant(self, node, value):
+        """A const node holding torch's folded ``value`` of ``node`` (a tuple's elements are
+        folded by the getitem nodes that read them)."""
+        if not hasattr(value, "shape"):
+            return Missing("a tuple of constants") if isinstance(value, (tuple, list)) else value
+        if _dtype_name(value.dtype) is None:
+            return Missing(f"a constant of dtype {value.dtype}, which semigrad lacks")
+        array = _array(value).astype(_dtype_name(value.dtype))
+        return self.graph.const(array, name=self.unique(node.name))
 
     def value(self, node):
         value = self.env[node.name]
