@@ -202,6 +202,9 @@ class RegisteredGraph:
                              if o.node in self.types}
         # The graph's custom ops as the server describes them (expression, derivative formulas).
         self.custom_ops = {op.name: OpInfo.from_proto(op) for op in custom_ops}
+        # gradient_many: the most items per chunk the server's limits allowed, by request shape
+        # (learned from refused chunks, see streaming.py)
+        self.chunk_limits: dict = {}
 
     def delete(self) -> bool:
         """Forget this registration on the server (see :meth:`Client.delete_graph`)."""
