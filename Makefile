@@ -26,7 +26,8 @@ SHELL := /bin/bash
 .PHONY: venv serve test fuzz loadtest proto bench clean distclean
 
 # Two stages, so that a server is up soon after a clone. `make venv` (and `make serve`) installs
-# what the service and the in-process client need: the project and its plugins, nothing else.
+# what the service and the in-process client need: the project with its jit extra (numba: the
+# compiled single points and batches docs/performance.md measures) and its plugins, nothing else.
 # `make test` adds the rest on top: the dev extra (pytest, numba, grpcio-tools...), the torch
 # extra (sg.from_torch's tests) and the programs some tests need (below).
 DEV_STAMP := $(VENV)/.stamp-dev
@@ -44,7 +45,7 @@ $(VENV_PY):
 # Reinstalls whenever pyproject.toml or a plugin's pyproject.toml changes. One pip run for the
 # project and every plugin (one resolution; plugins depend on numpy only).
 $(STAMP): pyproject.toml $(PLUGIN_PYPROJECTS) | $(VENV_PY)
-	$(VENV_PY) -m pip install -q -e . $(foreach f,$(PLUGIN_PYPROJECTS),-e $(dir $(f)))
+	$(VENV_PY) -m pip install -q -e '.[jit]' $(foreach f,$(PLUGIN_PYPROJECTS),-e $(dir $(f)))
 	touch $@
 
 $(DEV_STAMP): $(STAMP)
