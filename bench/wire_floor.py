@@ -97,7 +97,13 @@ def per_call(fn, n: int) -> float:
     return (time.perf_counter() - t) / n
 
 
-def alternate(calls: dict, seconds: float, block_seconds: float = 2e-3) -> dict[str, float]:
+class Timed(dict):
+    """Median seconds per call of each (the dict), and of the least disturbed block (`best`)."""
+
+    best: dict[str, float]
+
+
+def alternate(calls: dict, seconds: float, block_seconds: float = 2e-3) -> Timed:
     """Median seconds per call of each, timed in alternating blocks of about `block_seconds`."""
     n = {k: max(1, int(block_seconds / per_call(c, 3))) for k, c in calls.items()}
     times = {k: [] for k in calls}
@@ -105,7 +111,9 @@ def alternate(calls: dict, seconds: float, block_seconds: float = 2e-3) -> dict[
     while time.perf_counter() < end or min(len(v) for v in times.values()) < 5:
         for k, c in calls.items():
             times[k].append(per_call(c, n[k]))
-    return {k: statistics.median(v) for k, v in times.items()}
+    timed = Timed({k: statistics.median(v) for k, v in times.items()})
+    timed.best = {k: min(v) for k, v in times.items()}
+    return timed
 
 
 class Recorder:
@@ -197,6 +205,7 @@ def run(args, port: int, echo_port: int) -> int:
         w = WORKLOADS[name]
         wrt = list(w.wrt)
         # ---- 1. in-process single point against JAX
+        print(f"{name}: single point in process", file=sys.stderr, flush=True)
         f = local.register(w.graph(w.single))
         x = w.single.sample(rng, None)
         for _ in range(100):  # past the engine's hot-call threshold, then its background compile
@@ -229,6 +238,7 @@ def run(args, port: int, echo_port: int) -> int:
                          lambda g=g: g.gradient_many(batch, -(-items // STREAM_CHUNKS), wrt=wrt, progress=False),
                          lambda: fb.gradient(batch, wrt=wrt), want))
         for label, client, remote, inproc, reference in rows:
+            print(f"{name}: {label}", file=sys.stderr, flush=True)
             for _ in range(3):  # compiles (and the JIT's background compile) before timing
                 remote(), inproc()
             settle()
@@ -257,30 +267,34 @@ def run(args, port: int, echo_port: int) -> int:
 
 def report(args, single_rows, floor_rows, chunk_rows) -> None:
     us = lambda s: f"{s * 1e6:,.1f}"  # noqa: E731
+    cell = lambda t, k: f"{us(t[k])} ({us(t.best[k])})"  # noqa: E731
     print("# The wire at its floor (issue 14)\n")
     print("\n".join(f"- {k}: {v}" for k, v in machine_info()))
-    print(f"- medians of alternated blocks of calls, {args.seconds} s per row\n")
+    print(f"- medians of alternated blocks of calls, {args.seconds} s per row; in parentheses the least "
+          "disturbed block (the fastest), and ratios of those\n")
     print("## 1. In-process single-point gradient (target: client ÷ JAX ≤ 2)\n")
     print("| workload | engine (µs) | in-process client (µs) | JAX jit(grad) (µs) | client ÷ engine | client ÷ JAX |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, t in single_rows:
         jax = t.get("jax")
-        versus_jax = f"{t['client'] / jax:.2f}" if jax else "—"
-        print(f"| {name} | {us(t['engine'])} | {us(t['client'])} | {us(jax) if jax else '—'} "
+        versus_jax = f"{t['client'] / jax:.2f} ({t.best['client'] / t.best['jax']:.2f})" if jax else "—"
+        print(f"| {name} | {cell(t, 'engine')} | {cell(t, 'client')} | {cell(t, 'jax') if jax else '—'} "
               f"| {t['client'] / t['engine']:.2f} | {versus_jax} |")
     print("\n## 2. Remote call ÷ (in-process compute + bare grpcio round trip of the same bytes) (target ≤ 1.2)\n")
     print("| workload | call | request / response bytes (messages) | remote (µs) | in-process (µs) | bare round trip (µs) "
           "| remote ÷ (in-process + bare) |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for name, label, t, sent, got, n in floor_rows:
-        print(f"| {name} | {label} | {sent:,} / {got:,} ({n}) | {us(t['remote'])} | {us(t['inproc'])} | {us(t['bare'])} "
-              f"| {t['remote'] / (t['inproc'] + t['bare']):.2f} |")
+        b = t.best
+        print(f"| {name} | {label} | {sent:,} / {got:,} ({n}) | {cell(t, 'remote')} | {cell(t, 'inproc')} "
+              f"| {cell(t, 'bare')} | {t['remote'] / (t['inproc'] + t['bare']):.2f} "
+              f"({b['remote'] / (b['inproc'] + b['bare']):.2f}) |")
     print("\n## 3. gradient_many's default chunks ÷ one unary call of the same batch (target ≤ 1)\n")
     print("| workload | transport | items | default chunks | unary (µs) | default (µs) | default ÷ unary |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for name, transport, items, chunks, t in chunk_rows:
-        print(f"| {name} | {transport} | {items:,} | {chunks} | {us(t['unary'])} | {us(t['default'])} "
-              f"| {t['default'] / t['unary']:.2f} |")
+        print(f"| {name} | {transport} | {items:,} | {chunks} | {cell(t, 'unary')} | {cell(t, 'default')} "
+              f"| {t['default'] / t['unary']:.2f} ({t.best['default'] / t.best['unary']:.2f}) |")
     argv = " ".join(sys.argv[1:])
     print(f"\nRerun: `.venv/bin/python bench/wire_floor.py{' ' + argv if argv else ''}` (JAX from `make bench`'s extra).")
 
