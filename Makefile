@@ -28,12 +28,30 @@ SHELL := /bin/bash
 
 .PHONY: venv serve test fuzz loadtest proto bench clean distclean
 
+# Two stages, so that a server is up soon after a clone. `make venv` (and `make serve`) installs
+# what the service and the in-process client need: the project with its jit extra (numba: the
+# compiled single points and batches docs/performance.md measures) and its plugins, nothing else.
+# `make test` adds the rest on top: the dev extra (pytest, numba, grpcio-tools...), the torch
+# extra (sg.from_torch's tests) and the programs some tests need (below).
+DEV_STAMP := $(VENV)/.stamp-dev
+
 # Programs from Debian's packages, installed where possible, never failing the build (without one,
 # the tests that need it are skipped): Graphviz's dot renders pictures (RegisteredGraph.render,
 # `semigrad viz`); redis-server is the shared graph store of replicas and haproxy the gRPC load
 # balancer in front of them (tests/test_stores.py, tests/test_replicas.py; docs/deploying.md).
 SYSTEM_PROGRAMS := dot:graphviz redis-server:redis-server haproxy:haproxy
 venv: $(STAMP)
+
+$(VENV_PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalls whenever pyproject.toml or a plugin's pyproject.toml changes. One pip run for the
+# project and every plugin (one resolution; plugins depend on numpy only).
+$(STAMP): pyproject.toml $(PLUGIN_PYPROJECTS) | $(VENV_PY)
+	$(VENV_PY) -m pip install -q -e '.[jit]' $(foreach f,$(PLUGIN_PYPROJECTS),-e $(dir $(f)))
+	touch $@
+
+$(DEV_STAMP): $(STAMP)
 	@for pair in $(SYSTEM_PROGRAMS); do \
 	  program=$${pair%%:*}; package=$${pair##*:}; \
 	  command -v $$program >/dev/null || [ -x /usr/sbin/$$program ] || \
@@ -41,40 +59,29 @@ venv: $(STAMP)
 	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$package)) >/dev/null 2>&1) || \
 	  echo "note: $$program (Debian package $$package) is not installed; the tests that need it will be skipped"; \
 	done
-
-$(VENV_PY):
-	$(PYTHON) -m venv $(VENV)
-
-# Reinstalls whenever pyproject.toml or a plugin's pyproject.toml changes.
-$(STAMP): pyproject.toml $(PLUGIN_PYPROJECTS) | $(VENV_PY)
-	$(VENV_PY) -m pip install --upgrade pip
 	$(VENV_PY) -m pip install -e '.[dev,torch]'
-	for f in plugins/*/pyproject.toml; do \
-	  [ -e "$$f" ] || continue; \
-	  $(VENV_PY) -m pip install -e "$$(dirname "$$f")"; \
-	done
 	touch $@
 
 serve: venv
 	$(VENV)/bin/semigrad serve $(ARGS)
 
-test: venv
+test: $(DEV_STAMP)
 	$(VENV_PY) -m pytest -q -n $(TEST_JOBS) --dist loadscope $(PYTEST_ARGS)
 
 # The generated-input suites of tests/fuzz with many more examples and random seeds (make test runs
 # them bounded, with a fixed seed).
-fuzz: venv
+fuzz: $(DEV_STAMP)
 	SEMIGRAD_FUZZ=1 $(VENV_PY) -m pytest -q tests/fuzz $(PYTEST_ARGS)
 
 # Three replicas on one Redis behind HAProxy (tests/test_replicas.py) with the acceptance load of
 # issue 16: 8 clients x 1,000 mixed calls per phase (make test runs 8 x 24).
-loadtest: venv
+loadtest: $(DEV_STAMP)
 	SEMIGRAD_REPLICA_CALLS=1000 $(VENV_PY) -m pytest -q tests/test_replicas.py $(PYTEST_ARGS)
 
-proto: venv
+proto: $(DEV_STAMP)
 	$(VENV_PY) -m grpc_tools.protoc -I proto --python_out=client --grpc_python_out=client --pyi_out=client $(PROTOS)
 
-$(BENCH_STAMP): $(STAMP)
+$(BENCH_STAMP): $(DEV_STAMP)
 	$(VENV_PY) -m pip install -e '.[dev,bench]'
 	touch $@
 

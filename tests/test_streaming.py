@@ -116,6 +116,22 @@ def test_the_default_chunk_is_sized_by_bytes(any_client, rng, monkeypatch):
     np.testing.assert_allclose(grads["A"], det_gradient(batch), rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("items,unary,chunks", [(400, ["Gradient"], []), (401, [], [5])])
+def test_a_batch_of_few_default_chunks_is_one_call(any_client, rng, monkeypatch, items, unary, chunks):
+    """STREAM_MIN_CHUNKS (4) chunks' bytes or fewer: one Gradient call; one item more: a stream."""
+    from semigrad import streaming
+
+    assert streaming.STREAM_MIN_CHUNKS == 4
+    f = any_client.register(det_graph(3))
+    batch = rng.normal(size=(items, 3, 3))
+    for target in ("STREAM_CHUNK_BYTES_SHARED", "STREAM_CHUNK_BYTES_INLINE"):  # 100 items a chunk
+        monkeypatch.setattr(streaming, target, 100 * (72 + 72 + 64))
+    calls = Calls(any_client, monkeypatch)
+    grads = f.gradient_many({"A": batch}, progress=False)
+    assert calls.unary == unary and calls.stream_chunks == chunks
+    np.testing.assert_allclose(grads["A"], det_gradient(batch), rtol=1e-9, atol=1e-11)
+
+
 def test_outputs_retained_gradients_and_components_reassemble(any_client, rng):
     g = sg.Graph()
     x, w = g.input("x", (3,)), g.input("w", (3,))

@@ -202,6 +202,9 @@ class RegisteredGraph:
                              if o.node in self.types}
         # The graph's custom ops as the server describes them (expression, derivative formulas).
         self.custom_ops = {op.name: OpInfo.from_proto(op) for op in custom_ops}
+        # gradient_many: the most items per chunk the server's limits allowed, by request shape
+        # (learned from refused chunks, see streaming.py)
+        self.chunk_limits: dict = {}
 
     def delete(self) -> bool:
         """Forget this registration on the server (see :meth:`Client.delete_graph`)."""
@@ -383,8 +386,9 @@ class RegisteredGraph:
         first batch axis (one GradientStream call): the server works on one chunk while the next
         is on the wire, and no message grows with the batch. ``chunk_size=None`` (default) makes
         chunks of nearly equal size holding at most about 64 MiB of tensors (inputs and results)
-        through shared memory, 2 MiB inline; a batch that fits in one chunk is one Gradient call,
-        which costs less than a stream. Takes the options of :meth:`gradient` (except
+        through shared memory, 2 MiB inline; a batch of at most 4 such chunks is one Gradient call,
+        which costs less than a stream. Chunks never carry more items than the server's limits allow
+        (a chunk it refuses for its item count goes again, cut to what it says fits). Takes the options of :meth:`gradient` (except
         ``best_path`` and ``hooks``) and returns the reassembled :class:`Gradients`.
         ``progress``: show a tqdm progress bar (default: when tqdm is installed and there are
         more than 8 chunks). A failing chunk does not stop the others; afterwards the first

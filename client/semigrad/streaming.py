@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import codec, messages
-from .errors import SemigradError, Unavailable, error_for_code
+from .errors import ResourceExhausted, SemigradError, Unavailable, error_for_code
 from .messages import Gradients, SemiringGradients
 from .shared_memory import Placement
 from .specs import TensorSpec
@@ -30,10 +30,15 @@ STREAM_REGIONS = 4  # shared-memory regions one GradientStream keeps in flight (
 # 1-2 MiB (larger messages slow down).
 STREAM_CHUNK_BYTES_SHARED = 64 << 20
 STREAM_CHUNK_BYTES_INLINE = 2 << 20
+# A stream costs its setup and a message per chunk, and gains only by overlapping chunks: a batch of
+# at most this many chunks' bytes goes as one Gradient call (det4 and det5, 10,000 items, 4 MB inline,
+# were two chunks, 0.6-0.75x the throughput of one call).
+STREAM_MIN_CHUNKS = 4
 # A stream that breaks with UNAVAILABLE after some answers is resumed with the unanswered chunks
 # this many times, after 0.1, 0.2, 0.4, 0.8 s (as transport.RETRY_POLICY retries calls without answers).
 RESUMES = 4
 RESUME_BACKOFF = 0.1
+RESOURCE_EXHAUSTED = 8  # grpc.StatusCode.RESOURCE_EXHAUSTED's number, as chunk responses carry it
 
 
 class Batch:
@@ -50,6 +55,11 @@ class Batch:
         if len(sizes) > 1:
             raise ValueError(f"batched inputs disagree on the first batch axis: {sorted(sizes)}")
         self.total = sizes.pop() if sizes else 1
+
+    def limit_key(self, options: Mapping[str, object]) -> tuple:
+        """What decides the server's plan, and so how many items its limits allow per chunk:
+        the request's options and which inputs carry the batch."""
+        return repr(sorted(options.items())), tuple(sorted(self.batched)), tuple(sorted(self.seeds))
 
     def chunk(self, start: int, items: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The inputs and seeds of items start..start + items (values without batch axes whole)."""
@@ -70,18 +80,26 @@ def _has_batch(value: np.ndarray, spec: TensorSpec | None) -> bool:
 def default_chunk_size(batch: Batch, options: Mapping[str, object], target_bytes: int | None = None) -> int:
     """gradient_many's default chunk_size: chunks of nearly equal size, each about `target_bytes`
     of tensors at most (default: STREAM_CHUNK_BYTES_SHARED through shared memory, else
-    STREAM_CHUNK_BYTES_INLINE). `options`: those of the gradient call."""
+    STREAM_CHUNK_BYTES_INLINE; with those, the whole batch when it is at most STREAM_MIN_CHUNKS
+    such chunks); never more items than the server's limits allowed a chunk of this request's shape
+    (learned from its refusals). `options`: those of the gradient call."""
     graph = batch.graph
     item = {name: batch.inputs[name][:1] for name in batch.batched}
     _, item_seeds = batch.chunk(0, 1)
     request, tensors = messages.gradient_request(graph, item, seeds=item_seeds, **options)
     per_item = (sum(a.nbytes for a in item.values()) + sum(a.nbytes for a in item_seeds.values())
                 + messages.gradient_result_bytes(graph, request, tensors["inputs"]))
-    if target_bytes is None:
+    default_target = target_bytes is None
+    if default_target:
         shared = graph.client.transport.shared_memory_off is None
         target_bytes = STREAM_CHUNK_BYTES_SHARED if shared else STREAM_CHUNK_BYTES_INLINE
-    most = max(1, target_bytes // max(per_item, 1))
     total = batch.total
+    most = max(1, target_bytes // max(per_item, 1))
+    if default_target and total <= STREAM_MIN_CHUNKS * most:  # too few chunks to gain from a stream: one call
+        most = max(total, 1)
+    allowed = graph.chunk_limits.get(batch.limit_key(options))  # the server's limits, once learned
+    if allowed:
+        most = min(most, allowed)
     return -(-total // -(-total // most)) if total else most
 
 
@@ -97,14 +115,24 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
         raise ValueError("streams must be at least 1")
     seeds = options.pop("seeds", None) or {}
     batch = Batch(graph, inputs, seeds)
-    if chunk_size is None:
+    chosen = chunk_size is None
+    if chosen:
         chunk_size = default_chunk_size(batch, options)
         if streams > 1 and batch.total:  # at least one chunk per stream
             chunk_size = min(chunk_size, -(-batch.total // streams))
     starts = list(range(0, batch.total, chunk_size))
     if len(starts) <= 1:  # also an empty batch
-        gradients = graph.gradient(batch.inputs, seeds=seeds or None, **options)
-        return gradients[0] if options.get("return_outputs") else gradients
+        try:
+            gradients = graph.gradient(batch.inputs, seeds=seeds or None, **options)
+        except ResourceExhausted:
+            # Over the server's limits for one request? Its refusals of chunks say how many items
+            # fit (GradientStreamResponse.max_items): stream halves, which are cut to that.
+            if not chosen or batch.total < 2:
+                raise
+            chunk_size = -(-batch.total // 2)
+            starts = [0, chunk_size]
+        else:
+            return gradients[0] if options.get("return_outputs") else gradients
 
     transport = graph.client.transport
     shared = transport.shared_memory_off is None
@@ -114,6 +142,9 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
         graph, messages.gradient_request(graph, batch.inputs, **options)[0], batch.inputs)) if shared else None
     assembly = Assembly(batch.total, results.allocate if results is not None else None)
     failures: list[tuple[int, int, str]] = []
+    # Chunks the server refused for their number of items: {chunk: the items it allows}. The
+    # first refusal stops the sending; refused and unsent chunks go again, cut to the allowance.
+    refused: dict[int, int] = {}
     streams = min(streams, len(starts))
     # Stream s carries chunks s, s + streams, ...: each stream is a call of its own, which a load
     # balancer (or the client's round-robin over replicas) may send to another replica.
@@ -126,7 +157,7 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
             answered: set[int] = set()
             try:
                 _stream(graph, batch, starts, pending, chunk_size, options, shared, assembly, failures,
-                        show_progress, answered)
+                        show_progress, answered, refused)
                 return
             except Unavailable:
                 # The stream broke after some answers (a worker died, say): gRPC's retry policy does
@@ -157,6 +188,17 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
                 thread.join()
             if errors:
                 raise errors[0]
+        if refused:  # (before the results' region goes back to the pool: the assembly may not hold it yet)
+            allowed = min(refused.values())
+            graph.chunk_limits[batch.limit_key(options)] = allowed
+            failed = {chunk for chunk, _, _ in failures}
+            for k in range(len(starts)):
+                if k in failed or k in assembly.chunks:
+                    continue
+                items = min(chunk_size, batch.total - starts[k])
+                part_inputs, part_seeds = batch.chunk(starts[k], items)
+                assembly.add(starts[k], gradient_many(graph, part_inputs, min(allowed, items), False,
+                                                      {**options, "seeds": part_seeds}, streams), k)
     finally:
         if results is not None:
             results.finish(transport.release)  # back to the pool now, or once the lent results are gone
@@ -173,10 +215,10 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
 
 def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: list[int], chunk_size: int,
             options: dict, shared: bool, assembly: Assembly, failures: list, show_progress: bool,
-            answered: set[int]) -> None:
+            answered: set[int], refused: dict[int, int]) -> None:
     """One GradientStream call carrying `chunks` (indices into `starts`); their results go into
     `assembly`, their failures (chunk, code, message) into `failures`, and their chunk numbers into
-    `answered`."""
+    `answered`; chunks refused for their size go into `refused` (and no more are sent)."""
     transport = graph.client.transport
     placements: dict[int, Placement] = {}  # chunk -> its region, until its response is read
     in_flight = threading.BoundedSemaphore(STREAM_REGIONS)
@@ -184,6 +226,8 @@ def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: lis
 
     def requests():
         for k in chunks:
+            if refused:  # the rest would be refused too: they go again, smaller
+                return
             chunk_inputs, chunk_seeds = batch.chunk(starts[k], chunk_size)
             request, tensors = messages.gradient_request(graph, chunk_inputs, seeds=chunk_seeds, **options)
             placement = None
@@ -210,11 +254,14 @@ def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: lis
         for message in responses:
             placement = placements.pop(message.chunk, None)
             try:
-                if message.code:
+                if message.code == RESOURCE_EXHAUSTED and 0 < message.max_items < chunk_size:
+                    refused[message.chunk] = message.max_items
+                elif message.code:
                     failures.append((message.chunk, message.code, message.message))
                 else:  # copied straight from the message or the region into the whole batch's arrays
                     assembly.add(starts[message.chunk], messages.gradients_from(
-                        message.response, placement.view if placement is not None else codec.from_tensor))
+                        message.response, placement.view if placement is not None else codec.from_tensor),
+                        message.chunk)
                 answered.add(message.chunk)
             finally:
                 if placement is not None:
@@ -234,9 +281,11 @@ class Assembly:
         self.total = total
         self.allocate = allocate  # (shape, dtype) -> array or None, e.g. in a shared-memory region
         self.arrays: dict[tuple[str, ...], np.ndarray] = {}
+        self.chunks: set[int] = set()  # the chunks added
         self._lock = threading.Lock()  # streams in threads of their own add chunks at once
 
-    def add(self, start: int, part: Gradients) -> None:
+    def add(self, start: int, part: Gradients, chunk: int = -1) -> None:
+        self.chunks.add(chunk)
         for key, value in _flat(part).items():
             with self._lock:
                 whole = self.arrays.get(key)

@@ -28,6 +28,13 @@ class PermissionDenied(SemigradError):
 class ResourceExhausted(SemigradError):
     status = "RESOURCE_EXHAUSTED"
 
+    def __init__(self, message: str = "", max_items: int = 0):
+        super().__init__(message)
+        # For a request refused for its batch size: the most batch items a request of its shape
+        # may carry within the limits (0: the refusal is not about the batch size). A streaming
+        # client cuts its chunks to it (GradientStreamResponse.max_items).
+        self.max_items = max_items
+
 
 class DeadlineExceeded(SemigradError):
     status = "DEADLINE_EXCEEDED"

@@ -771,16 +771,18 @@ class GradientStreamRequest(_message.Message):
     def __init__(self, chunk: _Optional[int] = ..., request: _Optional[_Union[GradientRequest, _Mapping]] = ...) -> None: ...
 
 class GradientStreamResponse(_message.Message):
-    __slots__ = ("chunk", "response", "code", "message")
+    __slots__ = ("chunk", "response", "code", "message", "max_items")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITEMS_FIELD_NUMBER: _ClassVar[int]
     chunk: int
     response: GradientResponse
     code: int
     message: str
-    def __init__(self, chunk: _Optional[int] = ..., response: _Optional[_Union[GradientResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    max_items: int
+    def __init__(self, chunk: _Optional[int] = ..., response: _Optional[_Union[GradientResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., max_items: _Optional[int] = ...) -> None: ...
 
 class HookStreamRequest(_message.Message):
     __slots__ = ("start", "reply")

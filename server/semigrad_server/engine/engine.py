@@ -137,19 +137,33 @@ class Engine:
         node_values = {r: full(results[OutputKey.value(r)], batch.shape, cg.types[r]) for r in spec.nodes}
         return out, node_values
 
+    def remembered_gradient(self, graph_id: str, inputs: Mapping[str, np.ndarray], wrt: tuple[str, ...],
+                            outputs: tuple[str, ...], return_outputs: bool, backend: str,
+                            deadline: float | None = None) -> GradientResult | None:
+        """A plain gradient (see GradientSpec.is_plain) whose signature passed every check before,
+        answered on the short path; None when it did not (run_gradient checks it then). What the
+        in-process client calls first, without building a spec."""
+        cg = self.get(graph_id)
+        try:  # the request's memo (see remembered.py), computed inline: this is the short path
+            memo = (wrt, outputs, return_outputs, backend, tuple([(name, a.shape, a.dtype) for name, a in inputs.items()]))
+        except AttributeError:  # not arrays: the full checks will say so
+            return None
+        checked = cg.remembered.get(memo)
+        return None if checked is None else self.plain_gradient(checked, inputs, deadline, backend)
+
     def run_gradient(self, spec: GradientSpec, deadline: float | None = None,
                      hook_run: HookRun | None = None, semirings: Sequence[str] = ()) -> GradientResult:
         memo = None
         if spec.is_plain:
-            cg = self.get(spec.graph_id)
-            try:  # the request's memo (see remembered.py), computed inline: this is the short path
+            result = self.remembered_gradient(spec.graph_id, spec.inputs, spec.wrt, spec.outputs, spec.return_outputs,
+                                              spec.backend, deadline)
+            if result is not None:
+                return result
+            try:
                 memo = (spec.wrt, spec.outputs, spec.return_outputs, spec.backend,
                         tuple([(name, a.shape, a.dtype) for name, a in spec.inputs.items()]))
             except AttributeError:  # not arrays: the full checks will say so
                 memo = None
-            checked = cg.remembered.get(memo)
-            if checked is not None:
-                return self.plain_gradient(checked, spec.inputs, deadline, spec.backend)
         backend = checked_backend(spec.backend)
         if spec.semirings:
             if spec.semiring not in ("", "real"):

@@ -32,6 +32,14 @@ def time_bound(deadline: float | None, limits: Limits) -> float:
     return min(deadline, bound) if deadline is not None else bound
 
 
+def max_items(plan, limits: Limits) -> int:
+    """The most batch items a request running `plan` may carry within the limits on its work and
+    memory (check_work) and on its batch (max_batch); 0 when not even one item fits."""
+    return min(limits.max_batch, limits.max_request_elements // plan.item_elements,
+               limits.max_request_operations // plan.item_operations,
+               limits.max_request_bytes // max(plan.item_bytes, 1))
+
+
 def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> int:
     """RESOURCE_EXHAUSTED unless running `plan` over the batch (batch items × elements per item)
     is within the limit, and the memory it would hold at once within max_request_bytes; returns
@@ -43,19 +51,20 @@ def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> int:
         at = f", node {quoted(heaviest[1])} alone {heaviest[0]} products per item" if heaviest else ""
         raise ResourceExhausted(
             f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item{at}); "
-            f"the limit is {limits.max_request_elements}: send smaller batches")
+            f"the limit is {limits.max_request_elements}: send smaller batches", max_items(plan, limits))
     operations = items * plan.item_operations
     if operations > limits.max_request_operations:
         raise ResourceExhausted(
             f"request would take {operations} scalar operations ({items} batch items × {plan.item_operations} per "
             f"item, a matmul's products counted); the limit is max_request_operations = "
-            f"{limits.max_request_operations}: send smaller batches or operands")
+            f"{limits.max_request_operations}: send smaller batches or operands", max_items(plan, limits))
     needed = items * plan.item_bytes
     if needed > limits.max_request_bytes:
         at = f" (at node '{plan.peak_node}')" if plan.peak_node else ""
         raise ResourceExhausted(
             f"request would hold {needed} bytes at once{at}: {items} batch items × {plan.item_bytes} bytes per item; "
-            f"the budget is max_request_bytes = {limits.max_request_bytes}: send smaller batches")
+            f"the budget is max_request_bytes = {limits.max_request_bytes}: send smaller batches",
+            max_items(plan, limits))
     return needed
 
 

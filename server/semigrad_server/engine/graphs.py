@@ -113,7 +113,8 @@ class CompiledGraph:
             self.check_rank(shape, "input " + quoted(max(leads, key=lambda lead: len(lead[1]))[0]))
         items = math.prod(shape)
         if items > self.limits.max_batch:
-            raise ResourceExhausted(f"batch of {items} items; the limit is {self.limits.max_batch}")
+            raise ResourceExhausted(f"batch of {items} items; the limit is {self.limits.max_batch}",
+                                    max_items=self.limits.max_batch)
         return Batch(arrays, shape)
 
 

@@ -131,7 +131,7 @@ class ScalarExecutable:
         arrays = []
         for name, _, ids in self.program.inputs:
             row = inputs[name].reshape(1, ids.size)  # a new C-contiguous view (or copy): read-only for
-            row.flags.writeable = False  # the kernel's one compiled signature, the caller's array untouched
+            row.setflags(write=False)  # the kernel's one compiled signature, the caller's array untouched
             arrays.append(row)
         outs = self._single_kernel.run(arrays, 1)
         return {name: out.reshape(shape) for (name, shape, _), out in zip(self.program.outputs, outs)}

@@ -131,10 +131,12 @@ class LocalService:
             if type(a) is not np.ndarray or a.ndim > MAX_RANK or not a.flags.c_contiguous:
                 return None
         deadline = None if timeout is None else time.monotonic() + timeout
-        spec = GradientSpec(graph_id, inputs, wrt, outputs, None, return_outputs, "real", None, False, (),
-                            backend or "auto", (), ())
-        try:
-            result = self.engine.run_gradient(spec, deadline)
+        backend = backend or "auto"
+        try:  # a repeat of a signature checked before goes straight to its plan (no spec built)
+            result = self.engine.remembered_gradient(graph_id, inputs, wrt, outputs, return_outputs, backend, deadline)
+            if result is None:
+                result = self.engine.run_gradient(GradientSpec(graph_id, inputs, wrt, outputs, None, return_outputs,
+                                                               "real", None, False, (), backend, (), ()), deadline)
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             raise client_error(*status.status_of(e, "Gradient")) from None
         if deadline is not None:
@@ -171,7 +173,7 @@ def received(arrays: Mapping[str, object], inputs: Mapping[str, np.ndarray]) -> 
             value = np.asarray(value, dtype=codec.wire_dtype(np.asarray(value).dtype))
         if _aliases(value, inputs):
             value = value.copy()
-        value.flags.writeable = False
+        value.setflags(write=False)  # (half the time of `flags.writeable = False`: this is the short path)
         out[name] = value
     return out
 

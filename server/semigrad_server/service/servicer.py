@@ -186,7 +186,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                 counts[1] += 1
                 chunk_code, chunk_detail = status.status_of(e, f"GradientStream chunk {message.chunk}")
                 response = pb.GradientStreamResponse(chunk=message.chunk, code=chunk_code.value[0],
-                                                     message=chunk_detail)
+                                                     message=chunk_detail, max_items=getattr(e, "max_items", 0))
             counts[0] += 1
             yield response
 
