@@ -292,26 +292,40 @@ def test_best_paths_run_through_the_nn_ops(client, rng):
     assert path.steps, path
 
 
-def test_per_row_jacobians_of_semiring_adjoints_count_against_the_request_limit():
-    """Under a semiring other than the real one a softmax row of n builds an n×n Jacobian:
-    max_request_elements refuses it before anything is computed, while the real gradient
-    (O(n)) of the same graph stays under the limit."""
+def test_per_row_jacobians_of_semiring_adjoints_are_blocked_and_count_as_operations():
+    """Under a semiring other than the real one a softmax row of n has n² edges. The adjoint
+    builds the row's n×n Jacobian a block of rows at a time (sr_row_vjp), so it holds O(n)
+    values: a request limit of 10·n·100 elements, far below the n² = 2.25 M the Jacobian
+    would take at once, lets it run, with the path sums of the closed form. Its n² products
+    count in max_request_operations: a budget under 4·n² (its count) refuses it before
+    anything runs, one above lets it run, and the real gradient (O(n)) passes both."""
     from semigrad_server.limits import Limits
     from semigrad_server.service import build_server
 
     n = 1500
-    server, port, _ = build_server("127.0.0.1:0", limits=Limits(max_request_elements=10 * n * 100))
-    server.start()
-    try:
-        with sg.Client(f"127.0.0.1:{port}") as small:
-            f = small.register(_graph(lambda x: sg.softmax(x), [(n,)]))
-            x = {"x0": np.linspace(-1, 1, n)}
-            assert f.gradient(x)["x0"].shape == (n,)
-            with pytest.raises(sg.SemigradError) as excinfo:
-                f.gradient(x, semiring="maxplus")
-            assert excinfo.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, excinfo.value
-    finally:
-        server.stop(0).wait()
+    x = np.linspace(-1, 1, n)
+    y = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    jac = y[:, None] * (np.eye(n) - y[None, :])  # J[i, j] = ∂y_i/∂x_j
+    with np.errstate(divide="ignore"):
+        want = np.log(np.abs(jac)).max(axis=0)  # maxplus, seed 1̄ = 0: max over i of log|J[i, j]|
+    for operations, refused in ((2 * n * n, True), (6 * n * n, False)):
+        limits = Limits(max_request_elements=10 * n * 100, max_request_operations=operations)
+        server, port, _ = build_server("127.0.0.1:0", limits=limits)
+        server.start()
+        try:
+            with sg.Client(f"127.0.0.1:{port}") as small:
+                f = small.register(_graph(lambda v: sg.softmax(v), [(n,)]))
+                assert f.gradient({"x0": x})["x0"].shape == (n,)
+                if refused:
+                    with pytest.raises(sg.SemigradError) as excinfo:
+                        f.gradient({"x0": x}, semiring="maxplus")
+                    assert excinfo.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, excinfo.value
+                    assert "max_request_operations" in str(excinfo.value)
+                else:
+                    got = f.gradient({"x0": x}, semiring="maxplus")["x0"]
+                    np.testing.assert_allclose(got, want, rtol=1e-12)
+        finally:
+            server.stop(0).wait()
 
 
 @pytest.mark.parametrize("semiring", ["maxplus", "entropy"])
