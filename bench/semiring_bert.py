@@ -218,8 +218,8 @@ def main(argv=None) -> int:
                                      f"{args.heads} heads, ff {args.ff}, {args.seq} tokens, float64"),
                 "mlp": (mlp_model, f"MLP: x ({args.rows}, {args.width}) → {args.hidden} → tanh → {args.width}, float64")}
     # BERT-base's real gradient alone is 569 M elements per item under the default
-    # max_request_elements (400 M): the 85 M weights (inputs) and their transposed views count
-    # as values. The benchmark raises the in-process engine's request limits instead.
+    # max_request_elements (400 M): every value of the forward and backward graphs counts, the
+    # 85 M weight inputs included. The benchmark raises the in-process engine's request limits.
     from semigrad_server.limits import Limits
 
     limits = Limits(max_request_elements=4_000_000_000, max_request_bytes=16 << 30, max_memory_bytes=16 << 30,
