@@ -292,26 +292,40 @@ def test_best_paths_run_through_the_nn_ops(client, rng):
     assert path.steps, path
 
 
-def test_per_row_jacobians_of_semiring_adjoints_count_against_the_request_limit():
-    """Under a semiring other than the real one a softmax row of n builds an n×n Jacobian:
-    max_request_elements refuses it before anything is computed, while the real gradient
-    (O(n)) of the same graph stays under the limit."""
+def test_per_row_jacobians_of_semiring_adjoints_are_blocked_and_count_as_operations():
+    """Under a semiring other than the real one a softmax row of n has n² edges. The adjoint
+    builds the row's n×n Jacobian a block of rows at a time (sr_row_vjp), so it holds O(n)
+    values: a request limit of 10·n·100 elements, far below the n² = 2.25 M the Jacobian
+    would take at once, lets it run, with the path sums of the closed form. Its n² products
+    count in max_request_operations: a budget under 4·n² (its count) refuses it before
+    anything runs, one above lets it run, and the real gradient (O(n)) passes both."""
     from semigrad_server.limits import Limits
     from semigrad_server.service import build_server
 
     n = 1500
-    server, port, _ = build_server("127.0.0.1:0", limits=Limits(max_request_elements=10 * n * 100))
-    server.start()
-    try:
-        with sg.Client(f"127.0.0.1:{port}") as small:
-            f = small.register(_graph(lambda x: sg.softmax(x), [(n,)]))
-            x = {"x0": np.linspace(-1, 1, n)}
-            assert f.gradient(x)["x0"].shape == (n,)
-            with pytest.raises(sg.SemigradError) as excinfo:
-                f.gradient(x, semiring="maxplus")
-            assert excinfo.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, excinfo.value
-    finally:
-        server.stop(0).wait()
+    x = np.linspace(-1, 1, n)
+    y = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    jac = y[:, None] * (np.eye(n) - y[None, :])  # J[i, j] = ∂y_i/∂x_j
+    with np.errstate(divide="ignore"):
+        want = np.log(np.abs(jac)).max(axis=0)  # maxplus, seed 1̄ = 0: max over i of log|J[i, j]|
+    for operations, refused in ((2 * n * n, True), (6 * n * n, False)):
+        limits = Limits(max_request_elements=10 * n * 100, max_request_operations=operations)
+        server, port, _ = build_server("127.0.0.1:0", limits=limits)
+        server.start()
+        try:
+            with sg.Client(f"127.0.0.1:{port}") as small:
+                f = small.register(_graph(lambda v: sg.softmax(v), [(n,)]))
+                assert f.gradient({"x0": x})["x0"].shape == (n,)
+                if refused:
+                    with pytest.raises(sg.SemigradError) as excinfo:
+                        f.gradient({"x0": x}, semiring="maxplus")
+                    assert excinfo.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, excinfo.value
+                    assert "max_request_operations" in str(excinfo.value)
+                else:
+                    got = f.gradient({"x0": x}, semiring="maxplus")["x0"]
+                    np.testing.assert_allclose(got, want, rtol=1e-12)
+        finally:
+            server.stop(0).wait()
 
 
 @pytest.mark.parametrize("semiring", ["maxplus", "entropy"])
@@ -394,3 +408,58 @@ def test_kernel_offsets_are_capped():
                         assert f"'{node}'" in excinfo.value.message and "4096" in excinfo.value.message
     finally:
         server.stop(0).wait()
+
+
+# ---------------------------------------------------------------- fused row adjoints in blocks (sr_row_vjp)
+
+
+def _layer_norm_paths(x, eps):
+    """max_product and entropy of every x element of layer_norm(x) over its last axis, seed 1̄,
+    from the closed-form Jacobian J[r, i, j] = (δ_ij − 1/n − y_i y_j / n) / σ (NumPy, dense)."""
+    n = x.shape[-1]
+    c = x - x.mean(-1, keepdims=True)
+    sigma = np.sqrt((c * c).mean(-1, keepdims=True) + eps)
+    y = c / sigma
+    p = np.abs((np.eye(n) - 1 / n - y[:, :, None] * y[:, None, :] / n) / sigma[:, :, None])
+    z = p.sum(1)
+    entropy = np.log(z) - (p * np.log(p)).sum(1) / z
+    return p.max(1), entropy
+
+
+@pytest.mark.parametrize("block", [6 * 6 * 5, 6 * 6 * 2, 1], ids=["one-block", "three-blocks", "row-by-row"])
+def test_fused_row_adjoints_give_the_same_path_sums_in_any_blocking(monkeypatch, rng, block):
+    """ROW_BLOCK_ELEMENTS on both sides: all 5 rows in one block, blocks of 2 rows (the last
+    one short), one row at a time: the same max_product and entropy, equal to the dense
+    closed form."""
+    import semigrad_server.ops.semiring_ops as semiring_ops
+
+    monkeypatch.setattr(semiring_ops, "ROW_BLOCK_ELEMENTS", block)
+    x = rng.normal(size=(5, 6))
+    want_max, want_entropy = _layer_norm_paths(x, 1e-5)
+    with sg.Client() as local:  # a fresh engine: its plans are built with this block size
+        f = local.register(_graph(lambda v: sg.layer_norm(v, eps=1e-5), [(5, 6)]))
+        got = f.gradient({"x0": x}, semiring=["max_product", "entropy"])
+    np.testing.assert_allclose(got["max_product"]["x0"], want_max, rtol=1e-12)
+    np.testing.assert_allclose(got["entropy"]["x0"], want_entropy, rtol=1e-12)
+
+
+def test_fused_row_adjoints_never_hold_every_rows_jacobian(rng):
+    """A layer_norm of 64 rows of 512 under max_product + entropy: the dense Jacobians would
+    be 64 · 512² · 8 bytes = 134 MB per component (268 MB with entropy's two); blocked, the
+    request's peak stays far below one component's."""
+    import tracemalloc
+
+    x = rng.normal(size=(64, 512))
+    with sg.Client() as local:
+        f = local.register(_graph(lambda v: sg.layer_norm(v), [(64, 512)]))
+        f.gradient({"x0": x}, semiring=["max_product", "entropy"])  # compiled outside the measure
+        tracemalloc.start()
+        try:
+            got = f.gradient({"x0": x}, semiring=["max_product", "entropy"])
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 64 * 512 * 512 * 8 / 2, peak
+    want_max, want_entropy = _layer_norm_paths(x, 1e-5)
+    np.testing.assert_allclose(got["max_product"]["x0"], want_max, rtol=1e-12)
+    np.testing.assert_allclose(got["entropy"]["x0"], want_entropy, rtol=1e-10)

@@ -153,12 +153,15 @@ def test_tropical_matmul_with_a_constant_operand(implementation, add, mul, c):
 
 
 def test_tropical_matmul_implementations_agree_on_big_operands():
-    """Big enough for every block of both implementations (k panels, 4-row groups, transposed
-    matrix-vector products): the same values exactly."""
+    """Big enough for every block of both implementations (k panels, 4-row groups, column
+    tiles of the compiled kernel past J_BLOCK = 256 columns with a short last tile, 3 rows
+    and matrix-vector products in one sweep, transposed matrix-vector products): the same
+    values exactly."""
     if not kernels.numba_available():
         pytest.skip("numba is not installed")
     rng = np.random.default_rng(3)
-    for shapes in [((3, 37, 150), (150, 29)), ((130, 70), (70, 3)), ((1, 64, 128), (5, 128, 64))]:
+    for shapes in [((3, 37, 150), (150, 29)), ((130, 70), (70, 3)), ((1, 64, 128), (5, 128, 64)),
+                   ((7, 70), (70, 530)), ((3, 70), (70, 530)), ((2, 1, 90), (90, 300))]:
         a, b = random_values(rng, shapes[0], ties=True), random_values(rng, shapes[1], special=(np.inf,))
         for add, mul in itertools.product(kernels.ADDS, kernels.MULS):
             np.testing.assert_array_equal(kernels.tropical_matmul(a, b, add, mul, backend="numba"),

@@ -132,6 +132,13 @@ class AdjointContext:
     def scatter(self, g: str, index: tuple, shape: tuple) -> str:
         raise NotImplementedError
 
+    def row_vjp(self, kind: str, y: str, scale: str, g: str) -> str:
+        """⊕_i φ(J[..., i, j]) ⊗ g[..., i] along the last axis, J the per-row Jacobian of the
+        fused row op `kind` (ops/nn.py ROW_JACOBIANS) built from rows y and scale: the dense
+        element-level adjoint of softmax, log_softmax and layer_norm (the real rule uses their
+        O(n) formulas instead)."""
+        raise NotImplementedError
+
     def scatter_add(self, g: str, indices: str, axis: int, size: int, origin: str) -> str:
         """⊕ of g's slices along `axis` into `size` slots by `indices` (an int64 node): the
         adjoint of a gather (`origin`: the gather node, which index errors name)."""
@@ -259,6 +266,9 @@ class SemiringContext(AdjointContext):
 
     def scatter(self, g, index, shape):
         return self._sr("sr_scatter", [g], index=tuple(index), shape=tuple(shape))
+
+    def row_vjp(self, kind, y, scale, g):
+        return self._sr("sr_row_vjp", [y, scale, g], kind=kind)
 
     def scatter_add(self, g, indices, axis, size, origin):
         return self._sr("sr_scatter_add", [g, indices], axis=axis, size=size, origin=origin)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -92,15 +93,81 @@ def _unrows(ctx, ref, axes, shape):
     return ref
 
 
-def _dense_row_adjoint(ctx, g, jt, axes, shape):
-    """⊕ over i of φ(J[i, j]) ⊗ g[i] within each row: a semiring matmul of the lifted per-row
-    Jacobian transposed (jt[..., j, i] = ∂y_i/∂x_j) with the adjoint as a column."""
+def _fused_row_adjoint(ctx, kind, y, scale, g, axes, shape):
+    """⊕ over i of φ(J[i, j]) ⊗ g[i] within each row, J the `kind` row Jacobian built from the
+    rows of y (and of `scale`, layer_norm's σ): one `sr_row_vjp` node, which builds each row's
+    lifted n × n Jacobian a block of rows at a time and multiplies it with the adjoint (a
+    semiring matmul), so only rows × n values are ever held (docs/limits.md)."""
     rank = len(shape)
-    rows = _rows(ctx, g, axes, rank)
-    row_shape = ctx.type(rows).shape
-    column = ctx.emit("reshape", [rows], shape=row_shape + (1,))
-    out = ctx.matmul(ctx.lift(jt), column)
-    return _unrows(ctx, ctx.emit("reshape", [out], shape=row_shape), axes, shape)
+    y_rows, g_rows = _rows(ctx, y, axes, rank), _rows(ctx, g, axes, rank)
+    if scale is None:
+        scale = ctx.emit("reshape", [ctx.const(1.0, ctx.type(y).dtype)], shape=(1,) * rank)
+    else:
+        scale = ctx.emit("reshape", [_rows(ctx, scale, axes, rank)], shape=ctx.type(y_rows).shape[:-1] + (1,))
+    out = ctx.row_vjp(kind, y_rows, scale, g_rows)
+    return _unrows(ctx, out, axes, shape)
+
+
+class RowJacobian(NamedTuple):
+    """How `sr_row_vjp` (ops/semiring_ops.py) builds a fused row op's local Jacobian.
+
+    values(y, scale, delta): J (b, n, n), J[:, i, j] = ∂out_i/∂x_j, from rows y (b, n), scale
+    (b, 1) and delta = `row_delta(n, dtype, 1/n if centred else 0)`, in y's dtype and in the order the real
+    rule rounds it. element(el, y, scale, j, i, n, dtype): the same entry J[i, j] as an element."""
+
+    values: Callable
+    element: Callable
+    centred: bool = False  # delta is δ − 1/n (layer_norm), else δ
+
+
+def row_delta(n, dtype, shift=0.0):
+    """δ_ij − shift as an n×n array of `dtype` (1 − shift on the diagonal, −shift elsewhere)."""
+    return np.where(np.eye(n, dtype=bool), np.asarray(1.0 - shift, dtype), np.asarray(-shift, dtype))
+
+
+def _delta_element(el, j, i, n, dtype, shift=0.0):
+    return el.number(float(np.asarray(1.0 - shift if i == j else -shift, dtype)))
+
+
+def _softmax_j(y, scale, delta):
+    """(δ_ij − y_j) · y_i for rows y (b, n)."""
+    out = np.subtract(delta, y[:, None, :])
+    return np.multiply(out, y[:, :, None], out=out)
+
+
+def _softmax_element(el, y, scale, j, i, n, dtype):
+    return el.apply("mul", (el.apply("sub", (_delta_element(el, j, i, n, dtype), y[j])), y[i]))
+
+
+def _log_softmax_j(p, scale, delta):
+    """δ_ij − softmax_j for rows of softmax p (b, n)."""
+    return np.subtract(delta, p[:, None, :])
+
+
+def _log_softmax_element(el, p, scale, j, i, n, dtype):
+    return el.apply("sub", (_delta_element(el, j, i, n, dtype), p[j]))
+
+
+def _layer_norm_j(y, sigma, delta):
+    """(δ_ij − 1/n − y_j · (y_i / n)) / σ for rows y (b, n) and σ (b, 1)."""
+    n = y.shape[-1]
+    out = np.multiply(y[:, None, :], y[:, :, None] / np.asarray(float(n), y.dtype))
+    np.subtract(delta, out, out=out)
+    return np.divide(out, sigma[:, :, None], out=out)
+
+
+def _layer_norm_element(el, y, sigma, j, i, n, dtype):
+    scaled = el.apply("div", (y[i], el.number(float(n))))
+    numerator = el.apply("sub", (_delta_element(el, j, i, n, dtype, 1.0 / n), el.apply("mul", (y[j], scaled))))
+    return el.apply("div", (numerator, sigma))
+
+
+# The fused row ops' per-row Jacobians, by `sr_row_vjp`'s kind.
+ROW_JACOBIANS = {
+    "softmax": RowJacobian(_softmax_j, _softmax_element),
+    "log_softmax": RowJacobian(_log_softmax_j, _log_softmax_element),
+    "layer_norm": RowJacobian(_layer_norm_j, _layer_norm_element, centred=True),
+}
 
 
 def _row_expand(axes_of, build):
@@ -149,14 +216,6 @@ def _softmax_row(el, row, attrs):
     return [el.apply("div", (v, total)) for v in e]
 
 
-def _eye(ctx, n, dtype, shift=0.0):
-    """δ_ij − shift as an n×n node built from two length-n constants (an n×n constant would sit
-    in the graph's hash and description)."""
-    index = ctx.const(np.arange(n), "float64")  # exact, and a dtype scalar programs hold
-    hit = ctx.emit("eq", [ctx.emit("reshape", [index], shape=(n, 1)), ctx.emit("reshape", [index], shape=(1, n))])
-    return ctx.emit("where", [hit, ctx.const(1.0 - shift, dtype), ctx.const(-shift, dtype)])
-
-
 def _softmax_vjp(ctx, node, g, positions):
     t = ctx.type(node.id)
     axis = normalize_axis(node, ctx.attrs(node)["axis"], t.rank)
@@ -164,12 +223,7 @@ def _softmax_vjp(ctx, node, g, positions):
     if not _dense(ctx):  # g·J = y ⊙ (g − Σ y g)
         s = ctx.emit("sum", [ctx.emit("mul", [y, g])], axes=(axis,), keepdims=True)
         return {0: ctx.emit("mul", [y, ctx.emit("sub", [g, s])])}
-    rows = _rows(ctx, y, (axis,), t.rank)
-    shape = ctx.type(rows).shape
-    column = ctx.emit("reshape", [rows], shape=shape + (1,))
-    row = ctx.emit("reshape", [rows], shape=shape[:-1] + (1, shape[-1]))
-    jt = ctx.emit("mul", [ctx.emit("sub", [_eye(ctx, shape[-1], t.dtype), column]), row])  # (δ_ji − y_j)·y_i
-    return {0: _dense_row_adjoint(ctx, g, jt, (axis,), t.shape)}
+    return {0: _fused_row_adjoint(ctx, "softmax", y, None, g, (axis,), t.shape)}
 
 
 def _log_softmax_kernel(attrs, in_types, out_type):
@@ -197,11 +251,7 @@ def _log_softmax_vjp(ctx, node, g, positions):
     if not _dense(ctx):  # g − softmax · Σ g
         s = ctx.emit("sum", [g], axes=(axis,), keepdims=True)
         return {0: ctx.emit("sub", [g, ctx.emit("mul", [p, s])])}
-    rows = _rows(ctx, p, (axis,), t.rank)
-    shape = ctx.type(rows).shape
-    column = ctx.emit("reshape", [rows], shape=shape + (1,))
-    jt = ctx.emit("sub", [_eye(ctx, shape[-1], t.dtype), column])  # δ_ji − softmax_j
-    return {0: _dense_row_adjoint(ctx, g, jt, (axis,), t.shape)}
+    return {0: _fused_row_adjoint(ctx, "log_softmax", p, None, g, (axis,), t.shape)}
 
 
 # ---------------------------------------------------------------- logsumexp
@@ -315,16 +365,8 @@ def _ln_vjp(ctx, node, g, positions):
     if not _dense(ctx):  # (g − mean g − y · mean(g y)) / σ
         inner = ctx.emit("sub", [ctx.emit("sub", [g, mean(g)]), ctx.emit("mul", [y, mean(ctx.emit("mul", [g, y]))])])
         return {0: ctx.emit("div", [inner, sigma])}
-    # J[i, j] = (δ_ij − 1/n − y_j · (y_i / n)) / σ, in the order the real rule rounds it
-    rows = _rows(ctx, y, axes, t.rank)
-    shape = ctx.type(rows).shape
-    column = ctx.emit("reshape", [rows], shape=shape + (1,))
-    row = ctx.emit("reshape", [rows], shape=shape[:-1] + (1, n))
-    scaled = ctx.emit("div", [row, ctx.const(float(n), t.dtype)])
-    sigma_rows = ctx.emit("reshape", [_rows(ctx, sigma, axes, t.rank)], shape=shape[:-1] + (1, 1))
-    numerator = ctx.emit("sub", [_eye(ctx, n, t.dtype, shift=1.0 / n), ctx.emit("mul", [column, scaled])])
-    jt = ctx.emit("div", [numerator, sigma_rows])
-    return {0: _dense_row_adjoint(ctx, g, jt, axes, t.shape)}
+    # J[i, j] = (δ_ij − 1/n − y_j · (y_i / n)) / σ, built by the kernel in the order the real rule rounds it
+    return {0: _fused_row_adjoint(ctx, "layer_norm", y, sigma, g, axes, t.shape)}
 
 
 def _ln_axes_attr(attrs, rank):

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import deadline
 from ..ir import Type
 from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, element_array, input_cost, reduce_elements
+from .nn import ROW_JACOBIANS, row_delta
 from .indexing import ORIGIN, check_indices, scan_expand, scatter_add_expand, scatter_add_shape, scatter_keys
 from .structural import (index_infer, matmul_infer, reduce_infer, full_index, matmul_cost, matmul_expand,
                          scatter_expand)
@@ -43,6 +45,38 @@ def _scatter_infer(node, in_types, attrs):
     shape = tuple(attrs["shape"])
     index_infer(node, [Type(shape, "float64")], attrs)  # validates the index against the shape
     return _value_type(shape)
+
+
+# Elements of the lifted n × n row Jacobians `sr_row_vjp` builds at once (at least one row's):
+# its scratch memory, per component (docs/limits.md).
+ROW_BLOCK_ELEMENTS = 1 << 20
+
+
+def _row_vjp_infer(node, in_types, attrs):
+    if attrs["kind"] not in ROW_JACOBIANS:
+        raise ValueError(f"unknown row Jacobian {attrs['kind']!r}")
+    return _value_type(in_types[2].shape)
+
+
+def _row_vjp_cost(in_types, out_type) -> int:
+    """Per output element: n entries of the Jacobian built, lifted, ⊗ and ⊕."""
+    return 4 * out_type.size * (out_type.shape[-1] if out_type.rank else 1)
+
+
+def _row_vjp_expand(el, operands, attrs, in_types, out_type):
+    y, scale, g = operands
+    lead, n = out_type.shape[:-1], out_type.shape[-1]
+    y, g = np.broadcast_to(y, lead + (n,)), np.broadcast_to(g, lead + (n,))
+    scale = np.broadcast_to(scale, lead + (1,))
+    entry, dtype = ROW_JACOBIANS[attrs["kind"]].element, in_types[0].dtype
+    values = []
+    for r in np.ndindex(*lead):
+        yr, sr, gr = y[r], scale[r][0], g[r]
+        for j in range(n):
+            terms = [el.apply("sr_mul", (el.apply("sr_lift", (entry(el, yr, sr, j, i, n, dtype),)), gr[i]))
+                     for i in range(n)]
+            values.append(el.reduce("sr_add", terms, el.semiring_zero()))
+    return element_array(values, out_type.shape)
 
 
 _REGISTRIES: dict[tuple, tuple[Registry, Registry]] = {}  # (id(base), key) -> (base, bound registry)
@@ -133,6 +167,40 @@ def _bind(base: Registry, s) -> Registry:
 
         return scan
 
+    def row_vjp_kernel(attrs, in_types, out_type):
+        jacobian = ROW_JACOBIANS[attrs["kind"]]
+        n = out_type.shape[-1]
+        step = max(1, ROW_BLOCK_ELEMENTS // max(1, n * n))
+        delta = row_delta(n, in_types[0].dtype, 1.0 / n if jacobian.centred and n else 0.0)
+
+        def row_vjp(y, scale, g):
+            """Rows in blocks of `step`: each block's lifted Jacobian (step, n, n) and its
+            adjoints, a semiring matmul; never every row's Jacobian at once. A commutative
+            semiring multiplies g as a row into J (the layout J is built in: no transposed copy
+            for the kernels), any other φ(Jᵀ) into g as a column (the edge nearer the input
+            on the left)."""
+            lead = np.broadcast_shapes(np.shape(y)[:-1], np.shape(scale)[:-1], s.shape(g)[:-1])
+            rows_y = np.broadcast_to(y, lead + (n,)).reshape(-1, n)
+            rows_s = np.broadcast_to(scale, lead + (1,)).reshape(-1, 1)
+            rows_g = m(lambda c: np.broadcast_to(c, lead + (n,)).reshape(-1, n), g)
+            total = rows_y.shape[0]
+            if total == 0 or n == 0:
+                return s.zeros(lead + (n,))
+            parts = []
+            for r0 in range(0, total, step):
+                deadline.check(f"at a {attrs['kind']} adjoint (rows {r0}-{min(total, r0 + step)} of {total})")
+                block = slice(r0, r0 + step)
+                lifted = s.lift(jacobian.values(rows_y[block], rows_s[block], delta))
+                if s.commutative:
+                    part = s.matmul(m(lambda c: c[block, None, :], rows_g), lifted)
+                else:
+                    part = s.matmul(m(lambda c: np.swapaxes(c, -1, -2), lifted), m(lambda c: c[block, :, None], rows_g))
+                parts.append(s.components_of(part))
+            out = [np.concatenate([p[c] for p in parts]).reshape(lead + (n,)) for c in range(s.components)]
+            return out[0] if s.components == 1 else tuple(out)
+
+        return row_vjp
+
     def ones_kernel(attrs, in_types, out_type):
         value = s.ones(out_type.shape)
         return lambda: value
@@ -165,6 +233,11 @@ def _bind(base: Registry, s) -> Registry:
               attrs=(AttrSpec("axis", "int", required=True), AttrSpec("reverse", "bool", default=False)),
               doc="inclusive ⊕-scan along axis (from the end when reverse): the adjoint of cumsum",
               expand=scan_expand("sr_add", True), scalar_cost=input_cost),
+        OpDef("sr_row_vjp", "semiring", ("y", "scale", "g"), _row_vjp_infer, row_vjp_kernel,
+              attrs=(AttrSpec("kind", "string", required=True),),
+              doc="⊕_i φ(J[i, j]) ⊗ g[i] per row, J the row Jacobian of softmax, log_softmax or layer_norm "
+                  "(`kind`) from rows y and scale, built a block of rows at a time",
+              expand=_row_vjp_expand, scalar_cost=_row_vjp_cost),
         OpDef("sr_ones", "semiring", (), lambda n, t, a: _value_type(a["shape"]), ones_kernel,
               attrs=(AttrSpec("shape", "ints", required=True),), doc="1̄ of `shape`", expand=_ones_expand),
     ]

@@ -16,6 +16,7 @@ import numpy as np
 ADD_MAX, ADD_MIN = 0, 1
 MUL_MUL, MUL_ADD, MUL_MAX, MUL_MIN = 0, 1, 2, 3
 K_BLOCK = 64  # rows of b per panel: they stay in cache while 4 rows of a sweep them
+J_BLOCK = 256  # columns per tile: 4 output rows of it (8 KB) stay in L1, a panel of b (128 KB) in L2
 
 
 @numba.njit(inline="always")
@@ -40,9 +41,11 @@ def _accumulate(code, v, acc):
 
 @numba.njit(inline="always")
 def _tropical(a, b, ia, ib, zero, out, add, mul):
-    """out[t, i, j] = ⊕_k a[ia[t], i, k] ⊗ b[ib[t], k, j], from `zero`. Blocked over k (a
-    panel of b stays in cache) and over 4 rows of a (each b element is loaded once for 4
-    output rows); the inner loop runs along the contiguous rows of b and out."""
+    """out[t, i, j] = ⊕_k a[ia[t], i, k] ⊗ b[ib[t], k, j], from `zero`. Tiled over columns
+    (J_BLOCK when there are 4 rows or more: 4 output rows of a tile stay in L1), over k (a K_BLOCK × J_BLOCK panel of b
+    stays in L2) and over 4 rows of a (each b element is loaded once for 4 output rows); the
+    inner loop runs along the contiguous rows of b and out. Each entry still ⊕-accumulates
+    its k in increasing order."""
     items, m, n = out.shape
     kc = a.shape[2]
     for t in range(items):
@@ -53,34 +56,37 @@ def _tropical(a, b, ia, ib, zero, out, add, mul):
             row = ot[i]
             for j in range(n):
                 row[j] = zero
-        for k0 in range(0, kc, K_BLOCK):
-            k1 = min(kc, k0 + K_BLOCK)
-            i0 = 0
-            while i0 + 4 <= m:
-                r0 = ot[i0]
-                r1 = ot[i0 + 1]
-                r2 = ot[i0 + 2]
-                r3 = ot[i0 + 3]
-                for kk in range(k0, k1):
-                    x0 = at[i0, kk]
-                    x1 = at[i0 + 1, kk]
-                    x2 = at[i0 + 2, kk]
-                    x3 = at[i0 + 3, kk]
-                    brow = bt[kk]
-                    for j in range(n):
-                        y = brow[j]
-                        r0[j] = _accumulate(add, _combine(mul, x0, y), r0[j])
-                        r1[j] = _accumulate(add, _combine(mul, x1, y), r1[j])
-                        r2[j] = _accumulate(add, _combine(mul, x2, y), r2[j])
-                        r3[j] = _accumulate(add, _combine(mul, x3, y), r3[j])
-                i0 += 4
-            for i in range(i0, m):
-                row = ot[i]
-                for kk in range(k0, k1):
-                    x = at[i, kk]
-                    brow = bt[kk]
-                    for j in range(n):
-                        row[j] = _accumulate(add, _combine(mul, x, brow[j]), row[j])
+        jb = J_BLOCK if m >= 4 else n  # rows of a matrix-vector product: one sweep is fastest
+        for j0 in range(0, n, max(1, jb)):
+            j1 = min(n, j0 + jb)
+            for k0 in range(0, kc, K_BLOCK):
+                k1 = min(kc, k0 + K_BLOCK)
+                i0 = 0
+                while i0 + 4 <= m:
+                    r0 = ot[i0]
+                    r1 = ot[i0 + 1]
+                    r2 = ot[i0 + 2]
+                    r3 = ot[i0 + 3]
+                    for kk in range(k0, k1):
+                        x0 = at[i0, kk]
+                        x1 = at[i0 + 1, kk]
+                        x2 = at[i0 + 2, kk]
+                        x3 = at[i0 + 3, kk]
+                        brow = bt[kk]
+                        for j in range(j0, j1):
+                            y = brow[j]
+                            r0[j] = _accumulate(add, _combine(mul, x0, y), r0[j])
+                            r1[j] = _accumulate(add, _combine(mul, x1, y), r1[j])
+                            r2[j] = _accumulate(add, _combine(mul, x2, y), r2[j])
+                            r3[j] = _accumulate(add, _combine(mul, x3, y), r3[j])
+                    i0 += 4
+                for i in range(i0, m):
+                    row = ot[i]
+                    for kk in range(k0, k1):
+                        x = at[i, kk]
+                        brow = bt[kk]
+                        for j in range(j0, j1):
+                            row[j] = _accumulate(add, _combine(mul, x, brow[j]), row[j])
 
 
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
