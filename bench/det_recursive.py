@@ -24,7 +24,7 @@ the forward graph is hash-consed before differentiation) and CasADi's instructio
 
 JAX unrolls the recursion and XLA compiles it for minutes (n=6: ~2 min, n=7: not finished after
 14 min; bench/first_call.py): JAX runs where the traced function has at most
-`--jax-max-equations` primitive operations (default 1,000: n ≤ 5), and is listed as skipped,
+`--jax-max-equations` primitive operations (default 1,000: n ≤ 5; n=6 traces to 5,867), and is listed as skipped,
 with the count, elsewhere.
 
     .venv/bin/python bench/det_recursive.py                   # n = 5, 6, 7; 15 rounds of 10,000
