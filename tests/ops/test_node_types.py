@@ -1,6 +1,7 @@
-"""An elementwise node's type: its operands' broadcast shape, and the dtype NumPy computes for
-its operands' dtypes (probed once per dtype pattern and op, then remembered). Every node is
-judged the same, the first of its pattern or not, against NumPy's own promotion rules."""
+"""Node types against NumPy's own rules. An elementwise node: its operands' broadcast shape, and
+the dtype NumPy computes for its operands' dtypes (probed once per dtype pattern and op, then
+remembered: every node is judged the same, the first of its pattern or not). An index node: the
+shape NumPy's basic indexing gives (integers in range take a short path), or the refusal."""
 
 from __future__ import annotations
 
@@ -63,3 +64,21 @@ def test_operand_shapes_broadcast_as_numpys(shapes, want):
             node_type(node, inputs)
     else:
         assert node_type(node, inputs)[2].shape == want
+
+
+@pytest.mark.parametrize("shape,index", [
+    ((3, 4), (0, 0)), ((3, 4), (2, 3)), ((3, 4), (-1, -4)), ((3, 4), (1,)), ((3, 4), ()),
+    ((3, 4), (3, 0)), ((3, 4), (0, -5)), ((3, 4), (0, 4)), ((3,), (0, 0)),
+    ((3, 4), (slice(1, None), 2)), ((3, 4), (1, slice(None, None, -1))), ((2, 3, 4), (1, slice(0, 2), -1)),
+])
+def test_index_shapes_are_numpys(shape, index):
+    node = Node("n", "index", ("x",), {"index": index})
+    try:
+        want = np.empty(shape)[index].shape
+    except IndexError:
+        want = None
+    if want is None:
+        with pytest.raises(GraphError, match="node 'n'"):
+            node_type(node, [Type(shape, "float64")])
+    else:
+        assert node_type(node, [Type(shape, "float64")])[2] == Type(want, "float64")
