@@ -194,7 +194,7 @@ class JitProgram:
 
     def _fastest(self, batched: tuple[bool, ...]) -> Kernel:
         """Every applicable layout compiled (numba compiles on the first call: made here, so no
-        request waits for LLVM) and timed on the same synthetic batch; the fastest wins."""
+        request waits for LLVM) and timed on synthetic batches (_time_layouts); the fastest wins."""
         p = self.p
         streams = sum(ids.size for (_, _, ids), b in zip(p.inputs, batched) if b) + sum(ids.size for _, _, ids in p.outputs)
         if len(p.instrs) > SEGMENT_INSTRUCTIONS:
