@@ -230,6 +230,8 @@ def align(a: np.ndarray, rank: int, out_rank: int) -> np.ndarray:
 
 
 def broadcast_item_shapes(node: Node, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    if shapes and all(s == shapes[0] for s in shapes[1:]):  # the common case, without NumPy's general rule
+        return tuple(shapes[0])
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:

@@ -238,6 +238,8 @@ def index_infer(node, in_types, attrs):
     for item in index:
         if isinstance(item, slice) and item.step == 0:
             raise GraphError(node.id, "slice step cannot be zero")
+    if all(type(i) is int for i in index) and all(-d <= i < d for i, d in zip(index, t.shape)):
+        return Type(tuple(t.shape[len(index):]), t.dtype)  # integers in range drop their axes (a[i, j])
     try:
         view = np.broadcast_to(np.empty((), dtype=t.dtype), t.shape)[tuple(index)]
     except IndexError as e:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import logging
+import statistics
 import threading
 import time
 
@@ -49,7 +50,12 @@ TILE = 64
 # With more element streams than this per item, the rows and columns layouts walk too many
 # arrays at once (det n=6, n=7: tiles 3x faster than either): tiles only, one compile.
 MAX_COLUMN_STREAMS = 64
-TUNING_ITEMS = 2048
+# Items of the synthetic batch layouts are timed on: a typical batch, past the L2 cache (det n=5:
+# 4 MB of inputs and outputs). Smaller batches rank layouts differently: det n=5 on one loaded
+# machine, CPU ms per 10,000 items, tiles 0.42 / rows 0.58 at 2,048 items, 0.95 / 0.69 at 10,000.
+TUNING_ITEMS = 10_000
+TUNING_ROUNDS = 7  # layouts timed in alternation, on the compiling thread's CPU clock
+TUNING_BATCHES = 4  # synthetic batches used in turn (each new to the cache when its turn comes)
 # Background compiles run one at a time: a large program costs minutes of a core (det n=8, 5,578
 # instructions: ~40 s), and many hot graphs must not take every core from the requests.
 BACKGROUND_COMPILES = threading.Semaphore(1)
@@ -188,7 +194,7 @@ class JitProgram:
 
     def _fastest(self, batched: tuple[bool, ...]) -> Kernel:
         """Every applicable layout compiled (numba compiles on the first call: made here, so no
-        request waits for LLVM) and timed on the same synthetic batch; the fastest wins."""
+        request waits for LLVM) and timed on synthetic batches (_time_layouts); the fastest wins."""
         p = self.p
         streams = sum(ids.size for (_, _, ids), b in zip(p.inputs, batched) if b) + sum(ids.size for _, _, ids in p.outputs)
         if len(p.instrs) > SEGMENT_INSTRUCTIONS:
@@ -201,29 +207,45 @@ class JitProgram:
             return self._time_layouts(batched, layouts)
 
     def _time_layouts(self, batched: tuple[bool, ...], layouts: tuple[str, ...]) -> Kernel:
+        """Compile every layout, then time them in alternation (TUNING_ROUNDS rounds, one run of
+        each per round) on this thread's CPU clock, and keep the lowest median: on a busy machine a
+        wall-clock timing of a few milliseconds includes other processes' time slices, so the
+        layout timed while the machine was busiest lost whatever its speed; the thread's CPU clock
+        leaves them out, and alternation spreads what remains (caches shared with other processes)
+        over every layout."""
         p = self.p
-        arrays = _synthetic_inputs(p, batched, TUNING_ITEMS)
-        timed = []
+        # several input batches, used in turn: a request's inputs are new to the cache, and a
+        # layout timed on inputs already in cache ranks differently (det n=5: tiles then beat rows)
+        count = TUNING_BATCHES if len(layouts) > 1 else 1
+        batches = [_synthetic_inputs(p, batched, TUNING_ITEMS, offset) for offset in range(count)]
+        arrays = batches[0]
+        kernels = []
         for layout in layouts:
             kernel = Kernel(p, batched, layout)
             kernel.run(arrays, TUNING_ITEMS)  # the compile
             if len(layouts) == 1:
                 return kernel
-            best = math.inf
-            for _ in range(3):
-                start = time.perf_counter()
+            kernels.append(kernel)
+        times: list[list[float]] = [[] for _ in kernels]
+        runs = 0
+        for _ in range(TUNING_ROUNDS):
+            for kernel, spent in zip(kernels, times):
+                arrays = batches[runs % TUNING_BATCHES]
+                runs += 1
+                start = time.thread_time()
                 kernel.run(arrays, TUNING_ITEMS)
-                best = min(best, time.perf_counter() - start)
-            timed.append((best, LAYOUTS.index(layout), kernel))
-        return min(timed, key=lambda t: t[:2])[2]
+                spent.append(time.thread_time() - start)
+        ranked = [(statistics.median(spent), LAYOUTS.index(k.layout), k) for k, spent in zip(kernels, times)]
+        return min(ranked, key=lambda t: t[:2])[2]
 
 
-def _synthetic_inputs(p: ScalarProgram, batched: tuple[bool, ...], n: int) -> list[np.ndarray]:
-    """Values in [0.5, 1.5] (no NaN, inf or denormal slow paths), in the inputs' dtypes."""
+def _synthetic_inputs(p: ScalarProgram, batched: tuple[bool, ...], n: int, offset: int = 0) -> list[np.ndarray]:
+    """Values in [0.5, 1.5] (no NaN, inf or denormal slow paths), in the inputs' dtypes; another
+    `offset`, other values."""
     arrays = []
     for k, ((_, _, ids), dtype) in enumerate(zip(p.inputs, p.input_dtypes)):
         rows = n if batched[k] else 1
-        values = 0.5 + (np.arange(rows * ids.size).reshape(rows, ids.size) * 0.6180339887) % 1.0
+        values = 0.5 + ((np.arange(rows * ids.size).reshape(rows, ids.size) + offset) * 0.6180339887) % 1.0
         arrays.append(readonly(values.astype(dtype) if np.dtype(dtype).kind == "f" else (values > 1).astype(dtype)))
     return arrays
 
