@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from semigrad.v1 import semigrad_pb2 as pb
 
 from .. import errors, logs
+from ..cpus import BLAS_THREAD_VARIABLES, limit_blas_threads
 from ..engine import Engine
 from ..limits import Limits
 from ..store import open_store
@@ -120,6 +121,7 @@ def serve(host: str, port: int, *, workers: int = 1, config: Serving | None = No
                 raise ValueError("several workers need a fixed --port")
             _supervise(host, port, workers=workers, config=config)
         else:
+            limit_blas_threads()  # the workers of _supervise get theirs through the environment
             _serve_one(host, port, config=config, reuse_port=False)
 
 
@@ -182,7 +184,6 @@ MAX_RAPID_DEATHS = 5
 RESTART_PAUSE_SECONDS = (0.25, 0.5, 1.0, 2.0)
 
 
-BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class SupervisorGaveUp(RuntimeError):
