@@ -272,8 +272,8 @@ def test_every_op_takes_batch_axes_on_any_operand(clients, rng, case, leads):
 @pytest.mark.parametrize("stack, n", [((5,), 1), ((2, 3), 4), ((0,), 1), ((4,), 0)])
 def test_a_matrix_times_a_stack_is_numpys_matmul(rng, dtype, stack, n):
     """The tensor plan's matmul of a plain matrix and a stack of matrices (a weight matrix over a
-    batch, both ways round) runs as one product of the stack's rows; every item equals np.dot of
-    that item's matrices (complex: the complex-step derivative's operands; int64: NumPy's own)."""
+    batch, both ways round): every item equals np.dot of that item's matrices (complex: the
+    complex-step derivative's operands; int64: NumPy's own), empty stacks and inner sizes too."""
     from semigrad_server.ir import Type
     from semigrad_server.ops import REGISTRY
 

@@ -381,7 +381,11 @@ def _matmul_kernel(attrs, in_types, out_type):
     # With one term per sum (outer products: the per-sample gradients of a matmul), a
     # broadcast multiply computes the same products exactly and is far faster than a
     # batched matmul of 1-wide matrices.
-    product = np.multiply if inner == 1 else _stacked_matmul
+    product = np.multiply if inner == 1 else np.matmul
+    # Not one BLAS product over a batch's rows, though for a weight matrix times a batch of
+    # vectors it costs a quarter of NumPy's product per item: BLAS's order of additions depends
+    # on how many rows it is given, so an item's bits would depend on how a job was chunked
+    # (gradient_many against gradient; tests/ops/test_completeness.py holds them equal).
 
     def as_matrix(x, rank, vector_axis):
         if rank == 1:
@@ -400,24 +404,6 @@ def _matmul_kernel(attrs, in_types, out_type):
         return out
 
     return matmul
-
-
-def _stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.matmul, with one operand a plain matrix and the other a stack of matrices (a batch of
-    items times a weight matrix: `W x` over a batch of x, and its adjoint) computed as one
-    matrix product of the stack's rows: NumPy runs a stack as one small product per item, which
-    for 8 x 16 matrices costs several times the arithmetic. Same products and sums; BLAS may
-    add the terms of a sum in another order (rounding differs in the last bits)."""
-    if not (a.size and b.size and a.dtype.kind in "fc" and b.dtype.kind in "fc"):
-        return np.matmul(a, b)
-    if a.ndim == 2 and b.ndim > 2:
-        # (..., K, N) -> rows (..., N, K) @ a.T -> (..., N, M) -> (..., M, N); a view when N == 1
-        rows = np.swapaxes(b, -1, -2)
-        out = (rows.reshape(-1, rows.shape[-1]) @ a.T).reshape(rows.shape[:-1] + (a.shape[0],))
-        return np.swapaxes(out, -1, -2)
-    if b.ndim == 2 and a.ndim > 2:
-        return (a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + (b.shape[1],))
-    return np.matmul(a, b)
 
 
 def matmul_expand(mul: str, add: str, zero):
