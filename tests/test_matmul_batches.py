@@ -266,3 +266,42 @@ def test_every_op_takes_batch_axes_on_any_operand(clients, rng, case, leads):
         # a small step: where's condition and max's winner stay put for every item (seeded draw)
         expected = central_differences(loss, inputs, n, s, batch, h=1e-7)
         np.testing.assert_allclose(grads[n], expected, rtol=1e-6, atol=1e-6, err_msg=n)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex128", "int64"])
+@pytest.mark.parametrize("stack, n", [((5,), 1), ((2, 3), 4), ((0,), 1), ((4,), 0)])
+def test_a_matrix_times_a_stack_is_numpys_matmul(rng, dtype, stack, n):
+    """The tensor plan's matmul of a plain matrix and a stack of matrices (a weight matrix over a
+    batch, both ways round): every item equals np.dot of that item's matrices (complex: the
+    complex-step derivative's operands; int64: NumPy's own), empty stacks and inner sizes too."""
+    from semigrad_server.ir import Type
+    from semigrad_server.ops import REGISTRY
+
+    matmul = REGISTRY.ops["matmul"].kernel
+
+    def sample(shape):
+        x = rng.normal(size=shape) + (1j * rng.normal(size=shape) if dtype == "complex128" else 0)
+        return (x * 10).round().astype(dtype) if dtype == "int64" else x.astype(dtype)
+
+    a, b = sample((3, 6)), sample(stack + (6, n))
+    matrix_first = matmul({}, [Type((3, 6), dtype), Type((6, n), dtype)], Type((3, n), dtype))(a, b)
+    c = sample(stack + (n, 3))
+    stack_first = matmul({}, [Type((n, 3), dtype), Type((3, 6), dtype)], Type((n, 6), dtype))(c, a)
+    assert matrix_first.shape == stack + (3, n) and stack_first.shape == stack + (n, 6)
+    for index in np.ndindex(*stack):
+        np.testing.assert_allclose(matrix_first[index], np.dot(a, b[index]), rtol=1e-13, atol=1e-12)
+        np.testing.assert_allclose(stack_first[index], np.dot(c[index], a), rtol=1e-13, atol=1e-12)
+
+
+def test_a_weight_matrix_over_a_batch_of_vectors(clients, rng):
+    """sum(tanh(W x + b)^2) over 10,000 points (the replicas benchmark's graph): the gradient
+    2 W^T (t (1 - t^2)) per point, by NumPy."""
+    w, b = rng.normal(size=(16, 8)) / 3, rng.normal(size=16)
+    g = sg.Graph()
+    x = g.input("x", (8,))
+    t = sg.tanh(sg.matmul(g.const(w, name="W"), x) + g.const(b, name="b"))
+    g.output("y", sg.sum(t * t))
+    points = rng.normal(size=(10_000, 8))
+    tt = np.tanh(points @ w.T + b)
+    gradient = clients["inline"].register(g).gradient({"x": points})["x"]
+    np.testing.assert_allclose(gradient, (2 * tt * (1 - tt * tt)) @ w, rtol=1e-10, atol=1e-13)

@@ -164,3 +164,30 @@ def test_workers_follow_the_cgroup_cpu_quota(tmp_path, files, quota):
     cpus = len(os.sched_getaffinity(0))
     expected = cpus if quota is None else max(1, min(cpus, -(-quota // 1)))
     assert available_cpus(tmp_path) == expected
+
+
+@pytest.mark.parametrize("operator_setting", [None, "2"])
+def test_a_server_process_runs_blas_on_one_thread_unless_the_operator_says(operator_setting):
+    """OpenBLAS sizes its pool by the host's cores and spins while it waits; `semigrad serve`
+    (cpus.limit_blas_threads) gives each server process one BLAS thread, unless the operator set
+    OPENBLAS_NUM_THREADS (or OMP_/MKL_): then that stays."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                                             "MKL_NUM_THREADS")}
+    if operator_setting:
+        env["OPENBLAS_NUM_THREADS"] = operator_setting
+    code = ("import json, numpy, threadpoolctl; from semigrad_server.cpus import limit_blas_threads; "
+            "before = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']; "
+            "set_ = limit_blas_threads(); "
+            "after = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']; "
+            "print(json.dumps([before, set_, after]))")
+    before, was_set, after = json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                                       capture_output=True, text=True).stdout)
+    assert before, "NumPy has no BLAS threadpoolctl can see"
+    if operator_setting:
+        assert was_set is False and after == before == [int(operator_setting)] * len(before)
+    else:
+        assert was_set is True and after == [1] * len(after)

@@ -244,3 +244,69 @@ def test_the_server_warns_about_a_redis_that_may_lose_graphs(tmp_path, caplog):
             with caplog.at_level(logging.WARNING, logger="semigrad.store"):
                 open_store(server.url).close()
             assert any(said in r.getMessage() for r in caplog.records), (setting, caplog.records)
+
+
+def test_a_stopped_redis_holds_a_call_no_longer_than_its_deadline(tmp_path, caplog):
+    """SIGSTOP of the real redis-server: a store call made for a request with a 0.5 s deadline
+    returns DEADLINE_EXCEEDED at that deadline (not after the 10 s socket timeout), through the
+    store and through a gRPC server's request thread (its own log of the call's duration); once
+    Redis runs again the same handles serve, and no late answer is read as another's."""
+    import logging
+    import os
+    import signal
+    import time
+
+    import numpy as np
+    import semigrad as sg
+    from redis_server import RedisServer
+    from semigrad_server import deadline
+    from semigrad_server.engine import Engine
+    from semigrad_server.errors import DeadlineExceeded
+    from semigrad_server.service import build_server
+    from semigrad_server.store.redis import SOCKET_TIMEOUT
+
+    server = RedisServer(tmp_path / "redis").start()
+    store = open_store(server.url)
+    engine_store = open_store(server.url)
+    grpc_server, port, _ = build_server("127.0.0.1:0", engine=Engine(store=engine_store))
+    grpc_server.start()
+    try:
+        store.put("a", "g", b"graph", UNBOUNDED)
+        g = sg.Graph()
+        x = g.input("x", (3,))
+        g.output("y", sg.sum(x * x))
+        with sg.Client(f"127.0.0.1:{port}", shared_memory=False) as client:
+            f = client.register(g)
+            np.testing.assert_allclose(f.gradient({"x": np.ones(3)})["x"], 2 * np.ones(3))
+            os.kill(server.process.pid, signal.SIGSTOP)
+            try:
+                for call in (lambda: store.contains("a", "g"), lambda: store.get("a", "g"),
+                             lambda: store.put("a", "h", b"other", UNBOUNDED), lambda: store.usage("a")):
+                    started = time.monotonic()
+                    with deadline.serving(deadline.start(0.5, 60)), pytest.raises(DeadlineExceeded, match="graph store"):
+                        call()
+                    assert 0.45 < time.monotonic() - started < 1.0 < SOCKET_TIMEOUT
+                caplog.set_level(logging.INFO, logger="semigrad.rpc")
+                caplog.clear()
+                started = time.monotonic()
+                with sg.Client(f"127.0.0.1:{port}", timeout=0.5, shared_memory=False) as hurried, \
+                        pytest.raises(sg.DeadlineExceeded):
+                    hurried.get_graph(f.id)
+                # the server's request thread itself came back at the deadline, with the deadline's status
+                wait = time.monotonic() + 5
+                while time.monotonic() < wait and not any("status=DEADLINE_EXCEEDED" in r.getMessage()
+                                                         for r in caplog.records):
+                    time.sleep(0.05)
+                line = next(r.getMessage() for r in caplog.records if "status=DEADLINE_EXCEEDED" in r.getMessage())
+                assert float(line.split(" ms=")[1].split()[0]) < 1000, line
+                assert time.monotonic() - started < 2.0
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            # the same handles and server serve again, each answer its own
+            assert store.get("a", "g") == b"graph" and store.contains("a", "g") and not store.contains("a", "h")
+            np.testing.assert_allclose(f.gradient({"x": np.arange(3.0)})["x"], 2 * np.arange(3.0))
+    finally:
+        grpc_server.stop(0)
+        store.close()
+        engine_store.close()
+        server.stop()

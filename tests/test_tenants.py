@@ -5,7 +5,9 @@ the limit and not on the near side."""
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -237,3 +239,106 @@ def test_tenant_name_bounds():
     for name in ("t" * 65, "", "-leading", "a b"):
         with pytest.raises(ValueError, match="tenant name"):
             table.add(name, "m" * 20, "test")
+
+
+def test_concurrent_requests_quota_holds_across_worker_processes(tmp_path):
+    """`semigrad serve --workers 2 --max-tenant-requests 2`: 8 calls of tenant a held in flight
+    at once over 8 connections (the kernel spreads connections over both workers) admit exactly
+    2, the other 6 are RESOURCE_EXHAUSTED; tenant b is not affected; once they end, the quota is
+    free again. (Counted per worker, as before, up to 4 got in.)"""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from redis_server import free_port
+    from test_serve import wait_until_serving
+
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
+         "--store", str(tmp_path / "graphs.sqlite"), "--max-tenant-requests", "2", "--no-shared-memory"],
+        env={**os.environ, "SEMIGRAD_TOKENS": f"a={TOKEN_A}, b={TOKEN_B}"}, stdout=open(log, "w"),
+        stderr=subprocess.STDOUT, start_new_session=True)
+    own_connection = [("grpc.use_local_subchannel_pool", 1)]  # no TCP connection shared between clients
+    clients = []
+    release = threading.Event()
+    try:
+        wait_until_serving(address, process)
+        clients = [sg.Client(address, token=TOKEN_A, options=own_connection, shared_memory=False) for _ in range(8)]
+        graph_id = clients[0].register(weights_graph(1.0)).id
+        graphs = [c.get_graph(graph_id) for c in clients]
+        entered = threading.Semaphore(0)
+
+        def hook(gradient):
+            entered.release()
+            release.wait(60)
+            return gradient
+
+        outcomes, lock = [], threading.Lock()
+
+        def held(f):
+            try:
+                np.testing.assert_allclose(f.gradient({"x": [1.0, 2.0]}, hooks={"s": hook})["x"], [2.0, 8.0])
+                outcome = "ok"
+            except sg.ResourceExhausted as e:
+                outcome = str(e)
+            except Exception as e:  # noqa: BLE001 - reported below
+                outcome = f"unexpected {type(e).__name__}: {e}"
+            with lock:
+                outcomes.append(outcome)
+
+        threads = [threading.Thread(target=held, args=(f,)) for f in graphs]
+        for t in threads:
+            t.start()
+        for _ in range(2):
+            assert entered.acquire(timeout=60)
+        deadline = time.monotonic() + 60
+        while len(outcomes) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not entered.acquire(timeout=1.0), "a third call of tenant a got in"
+        assert len(outcomes) == 6 and all(re.search(r"tenant 'a' has 2 calls in flight on this server.*quota is 2",
+                                                    o) for o in outcomes), outcomes
+        with sg.Client(address, token=TOKEN_B, shared_memory=False) as b:
+            np.testing.assert_allclose(b.register(weights_graph(3.0)).gradient({"x": [1.0, 2.0]})["x"], [6.0, 8.0])
+        release.set()
+        for t in threads:
+            t.join(60)
+        assert sorted(outcomes).count("ok") == 2, outcomes
+        for f in graphs:  # free again, on every connection
+            np.testing.assert_allclose(f.gradient({"x": [1.0, 2.0]})["x"], [2.0, 8.0])
+        pids = set(re.findall(r" INFO (\d+) semigrad\.rpc rpc=Gradient", log.read_text()))
+        assert len(pids) == 2, f"the calls did not reach both workers: {pids}"
+    finally:
+        release.set()
+        for c in clients:
+            c.close()
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(30)
+
+
+def test_a_killed_worker_leaves_no_slot_taken(tmp_path):
+    """The slots of a process killed with -9 are free at once (the kernel drops its record
+    locks); within a process, threads take distinct slots up to the quota."""
+    import subprocess
+    import sys
+
+    from semigrad_server.service.slots import TenantSlots
+
+    code = ("import sys, time; from semigrad_server.service.slots import TenantSlots; "
+            f"s = TenantSlots(2, {str(tmp_path)!r}); print(s.take('a'), s.take('a'), s.take('a'), flush=True); "
+            "time.sleep(120)")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().split() == ["0", "1", "None"]
+        mine = TenantSlots(2, str(tmp_path))
+        assert mine.take("a") is None and mine.take("b") == 0  # a's two slots are the other process's
+    finally:
+        other.kill()
+        other.wait()
+    assert mine.take("a") == 0 and mine.take("a") == 1 and mine.take("a") is None
+    mine.give("a", 0)
+    assert mine.take("a") == 0
+    mine.close()

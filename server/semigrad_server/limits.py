@@ -18,7 +18,7 @@ class Limits:
     max_stored_graphs: int = 100_000  # graphs kept in the store per tenant (the tenant's oldest ones go first)
     max_tenant_graphs: int = 0  # quota: graphs one tenant may store (0: none; past it RegisterGraph is refused)
     max_tenant_bytes: int = 0  # quota: bytes of serialised graphs one tenant may store (0: none)
-    max_tenant_requests: int = 0  # quota: calls of one tenant in flight at once, per worker process (0: none)
+    max_tenant_requests: int = 0  # quota: calls of one tenant in flight at once in a server, all its workers (0: none)
     max_plans_per_graph: int = 64  # compiled plans cached per graph
     max_request_seconds: float = 600.0  # the deadline of a request without one, and a bound on every request's
     max_streams: int = 16  # streaming calls served at once per worker (each has a thread of its own)

@@ -384,6 +384,10 @@ def _matmul_kernel(attrs, in_types, out_type):
     # broadcast multiply computes the same products exactly and is far faster than a
     # batched matmul of 1-wide matrices.
     product = np.multiply if inner == 1 else np.matmul
+    # Not one BLAS product over a batch's rows, though for a weight matrix times a batch of
+    # vectors it costs a quarter of NumPy's product per item: BLAS's order of additions depends
+    # on how many rows it is given, so an item's bits would depend on how a job was chunked
+    # (gradient_many against gradient; tests/ops/test_completeness.py holds them equal).
 
     def as_matrix(x, rank, vector_axis):
         if rank == 1:

@@ -8,9 +8,7 @@ import contextvars
 import itertools
 import re
 import secrets
-import threading
 import time
-from collections import Counter
 
 import grpc
 
@@ -18,6 +16,7 @@ from .. import logs
 from ..engine import tenancy
 from ..errors import Unauthenticated
 from .auth import Tokens
+from .slots import TenantSlots
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 REQUEST_ID_HEADER = "x-request-id"
@@ -25,15 +24,16 @@ CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a client's own id is
 
 
 class CallInterceptor(grpc.ServerInterceptor):
-    """`max_tenant_requests`: calls of one tenant in flight at once in this process (0: no bound).
-    `metrics`: a Metrics to record calls in, or None."""
+    """`max_tenant_requests`: calls of one tenant in flight at once in this server (0: no bound),
+    counted across the worker processes that share `slots_directory` (slots.py; None: this
+    process alone). `metrics`: a Metrics to record calls in, or None."""
 
-    def __init__(self, tokens: Tokens, max_tenant_requests: int = 0, metrics=None):
+    def __init__(self, tokens: Tokens, max_tenant_requests: int = 0, metrics=None,
+                 slots_directory: str | None = None):
         self.tokens = tokens
         self.max_tenant_requests = max_tenant_requests
         self.metrics = metrics
-        self._in_flight: Counter[str] = Counter()
-        self._lock = threading.Lock()
+        self.slots = TenantSlots(max_tenant_requests, slots_directory)
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
@@ -54,40 +54,26 @@ class CallInterceptor(grpc.ServerInterceptor):
 
     def _enter(self, rpc: str, tenant: str, request_id: str, context) -> _Call:
         """Admit a call (or abort it with RESOURCE_EXHAUSTED): its context, with tenant and request id set."""
-        refused = None
-        if self.max_tenant_requests:
-            with self._lock:
-                if self._in_flight[tenant] >= self.max_tenant_requests:
-                    refused = self._in_flight[tenant]
-                else:
-                    self._in_flight[tenant] += 1
-        if refused is not None:
+        slot = self.slots.take(tenant)
+        if slot is None:
             if self.metrics is not None:
                 self.metrics.call_done(rpc, tenant, "RESOURCE_EXHAUSTED", 0.0)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{_who(tenant)} has {refused} calls in flight on this server process; the quota is "
-                          f"{self.max_tenant_requests} (max_tenant_requests)")
+                          f"{_who(tenant)} has {self.max_tenant_requests} calls in flight on this server (all its "
+                          f"worker processes); the quota is {self.max_tenant_requests} (max_tenant_requests)")
         try:
             scope = contextvars.copy_context()
             scope.run(_set, tenant, request_id)
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         except BaseException:  # the call never started: it holds no place in the quota
-            self._release(tenant)
+            self.slots.give(tenant, slot)
             raise
         if self.metrics is not None:
             self.metrics.call_started(rpc, tenant)
-        return _Call(rpc, tenant, scope, context, time.perf_counter())
-
-    def _release(self, tenant: str) -> None:
-        if not self.max_tenant_requests:
-            return
-        with self._lock:
-            self._in_flight[tenant] -= 1
-            if not self._in_flight[tenant]:
-                del self._in_flight[tenant]
+        return _Call(rpc, tenant, slot, scope, context, time.perf_counter())
 
     def _leave(self, call: _Call) -> None:
-        self._release(call.tenant)
+        self.slots.give(call.tenant, call.slot)
         if self.metrics is not None:
             code = call.context.code() if hasattr(call.context, "code") else None
             self.metrics.call_finished(call.rpc, call.tenant, _code_name(code, call.failed),
@@ -124,10 +110,11 @@ def _code_name(code, failed: bool) -> str:
 
 
 class _Call:
-    __slots__ = ("rpc", "tenant", "scope", "context", "started", "failed")
+    __slots__ = ("rpc", "tenant", "slot", "scope", "context", "started", "failed")
 
-    def __init__(self, rpc, tenant, scope, context, started):
-        self.rpc, self.tenant, self.scope, self.context, self.started = rpc, tenant, scope, context, started
+    def __init__(self, rpc, tenant, slot, scope, context, started):
+        self.rpc, self.tenant, self.slot, self.scope, self.context = rpc, tenant, slot, scope, context
+        self.started = started
         self.failed = False
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -18,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from semigrad.v1 import semigrad_pb2 as pb
 
 from .. import errors, logs
+from ..cpus import BLAS_THREAD_VARIABLES, limit_blas_threads
 from ..engine import Engine
 from ..limits import Limits
 from ..store import open_store
@@ -26,6 +28,7 @@ from .auth import Tokens
 from .calls import CallInterceptor
 from .metrics import Metrics, metrics_exposed, process_dead
 from .servicer import GraphServicer
+from .slots import make_directory, remove_directory
 from .shared_memory import SharedMemory
 from .tls import TlsFiles
 
@@ -38,13 +41,16 @@ SERVICE_NAME = SERVICE.full_name
 def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, threads: int = 8,
                  engine: Engine | None = None, reuse_port: bool = False,
                  shared_memory: bool = True, tokens: Tokens | None = None, tls: TlsFiles | None = None,
-                 metrics=None, health_out: list | None = None) -> tuple[grpc.Server, int, Engine]:
+                 metrics=None, health_out: list | None = None,
+                 slots_directory: str | None = None) -> tuple[grpc.Server, int, Engine]:
     """Create a server bound to `address` (port 0: an ephemeral port); return it, the port and its engine.
     `reuse_port`: let several processes bind the same port (the kernel spreads connections).
     `shared_memory`: accept tensors in shared memory from clients on this host (docs/performance.md).
     `tokens`: bearer tokens of the tenants (none: authentication off, every caller anonymous).
     `tls`: serve TLS (mutual TLS with a client CA). `metrics`: a Metrics recording the calls.
-    `health_out`: when a list, the health servicer is appended to it (to go NOT_SERVING on shutdown)."""
+    `health_out`: when a list, the health servicer is appended to it (to go NOT_SERVING on shutdown).
+    `slots_directory`: where the worker processes of one server count each tenant's calls in
+    flight (slots.py; None: this process alone)."""
     limits = limits or Limits()
     engine = engine or Engine(limits)
     # No HTTP/2 or TCP tuning for large messages. Measured on loopback (grpcio 1.85, 2 cores, bare
@@ -60,7 +66,7 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
                ("grpc.so_reuseport", int(reuse_port))]
     # Streaming calls (at most limits.max_streams at once, streams.py) get threads of their own, so
     # that `threads` are always left for unary calls and health checks.
-    interceptor = CallInterceptor(tokens or Tokens(), limits.max_tenant_requests, metrics)
+    interceptor = CallInterceptor(tokens or Tokens(), limits.max_tenant_requests, metrics, slots_directory)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads + limits.max_streams,
                                                     thread_name_prefix="semigrad"),
                          options=options, interceptors=(interceptor,))
@@ -99,6 +105,7 @@ class Serving:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # the metrics name the tenants: loopback unless the operator says otherwise
     log_format: str = "text"
+    slots_directory: str | None = None  # set by the supervisor for its workers (slots.py)
 
 
 def serve(host: str, port: int, *, workers: int = 1, config: Serving | None = None, **options) -> None:
@@ -120,6 +127,7 @@ def serve(host: str, port: int, *, workers: int = 1, config: Serving | None = No
                 raise ValueError("several workers need a fixed --port")
             _supervise(host, port, workers=workers, config=config)
         else:
+            limit_blas_threads()  # the workers of _supervise get theirs through the environment
             _serve_one(host, port, config=config, reuse_port=False)
 
 
@@ -147,7 +155,8 @@ def _serve_one(host, port, *, config: Serving, reuse_port: bool, ready=None) -> 
     health: list = []
     server, bound, _ = build_server(f"{host}:{port}", limits=config.limits, threads=config.threads, engine=engine,
                                     reuse_port=reuse_port, shared_memory=config.shared_memory, tokens=config.tokens,
-                                    tls=config.tls, metrics=metrics, health_out=health)
+                                    tls=config.tls, metrics=metrics, health_out=health,
+                                    slots_directory=config.slots_directory)
     server.start()
     if ready is not None:
         ready.set()
@@ -182,7 +191,6 @@ MAX_RAPID_DEATHS = 5
 RESTART_PAUSE_SECONDS = (0.25, 0.5, 1.0, 2.0)
 
 
-BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class SupervisorGaveUp(RuntimeError):
@@ -199,6 +207,10 @@ def _supervise(host, port, *, workers, config: Serving) -> None:
     # The spawned workers read these when NumPy loads; a setting of the operator's own wins.
     for variable in BLAS_THREAD_VARIABLES:
         os.environ.setdefault(variable, "1")
+    # Every worker counts each tenant's calls in flight in the same files, so the quota holds for
+    # the server, not per worker (slots.py).
+    slots_directory = make_directory() if config.limits.max_tenant_requests else None
+    config = dataclasses.replace(config, slots_directory=slots_directory)
 
     def start(slot: int) -> _Worker:
         ready = context.Event()
@@ -241,6 +253,8 @@ def _supervise(host, port, *, workers, config: Serving) -> None:
             worker.process.join(config.drain + config.grace + 5)
             if worker.process.is_alive():
                 worker.process.kill()
+        if slots_directory is not None:
+            remove_directory(slots_directory)
 
 
 class _Worker:

@@ -14,10 +14,14 @@ is given is set otherwise.
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from ..errors import ResourceExhausted, Unavailable
+from .. import deadline
+from ..errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from .base import Quota, StoreUsage, refuse
 
 log = logging.getLogger("semigrad.store")
@@ -57,13 +61,61 @@ return 1
 """
 
 
+SOCKET_TIMEOUT = 10.0  # seconds a Redis command may take outside any call (at start-up); a call's deadline bounds it
+CONNECT_TIMEOUT = 5.0
+
+
+def bounded(connection_class: type) -> type:
+    """`connection_class` (redis-py's TCP, TLS or unix-socket connection) whose every send and
+    read waits at most until the deadline of the call the thread is serving (deadline.py): a
+    Redis that stopped answering (SIGSTOP, a full host, a partition) holds a request thread no
+    longer than its client waits, instead of SOCKET_TIMEOUT. Past the deadline it raises
+    DeadlineExceeded before sending; a read that times out drops the connection (redis-py
+    does), so a late answer is never read as the next command's."""
+
+    class Bounded(connection_class):
+        def _within_deadline(self) -> None:
+            until = deadline.deadline()
+            if until is None:
+                timeout = SOCKET_TIMEOUT
+            else:
+                timeout = min(SOCKET_TIMEOUT, until - time.monotonic())
+                if timeout <= 0:  # an answer may be on its way: drop the connection, never read it later
+                    self.disconnect()
+                    raise DeadlineExceeded(f"deadline exceeded waiting for the graph store ({describe(self)})")
+            self.socket_timeout = timeout
+            self.socket_connect_timeout = min(CONNECT_TIMEOUT, timeout)
+            self.update_current_socket_timeout(timeout)  # the open socket's, when there is one
+
+        def send_packed_command(self, command, check_health=True):
+            self._within_deadline()
+            return super().send_packed_command(command, check_health)
+
+        def read_response(self, *args, **kwargs):
+            self._within_deadline()
+            return super().read_response(*args, **kwargs)
+
+    Bounded.__name__ = Bounded.__qualname__ = f"Bounded{connection_class.__name__}"
+    return Bounded
+
+
+def describe(connection) -> str:
+    where = getattr(connection, "path", None) or f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '')}"
+    return f"Redis at {where}/{getattr(connection, 'db', 0)}"
+
+
 class RedisGraphStore:
     name = "redis"
 
     def __init__(self, url: str):
         self.url = url
-        self._redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30,
-                                           retry_on_timeout=True)
+        # One retry at once after a dropped connection or a timeout (redis-py's default for
+        # retry_on_timeout), never a backoff sleep: the call's deadline bounds every wait.
+        pool = redis.ConnectionPool.from_url(url, socket_timeout=SOCKET_TIMEOUT,
+                                             socket_connect_timeout=CONNECT_TIMEOUT, health_check_interval=30,
+                                             retry_on_timeout=True, retry=Retry(NoBackoff(), 1))
+        pool.connection_class = bounded(pool.connection_class)
+        self._redis = redis.Redis(connection_pool=pool)
         self._put = self._redis.register_script(PUT)
         self._delete = self._redis.register_script(DELETE)
         self._warn_unless_durable()
@@ -101,6 +153,9 @@ class RedisGraphStore:
         except redis.ConnectionError as e:
             raise Unavailable(f"the graph store (Redis at {self._where()}) is unreachable: {e}") from None
         except redis.TimeoutError as e:
+            if deadline.current() is not None and deadline.current().expired():
+                raise DeadlineExceeded(f"deadline exceeded waiting for the graph store (Redis at {self._where()})") \
+                    from None
             raise Unavailable(f"the graph store (Redis at {self._where()}) timed out: {e}") from None
         except redis.exceptions.OutOfMemoryError as e:  # Redis at its maxmemory (with a noeviction policy)
             raise ResourceExhausted(f"the graph store (Redis at {self._where()}) is full: {e}") from None
