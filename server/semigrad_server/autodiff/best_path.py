@@ -1,26 +1,31 @@
-"""Best paths under a selective semiring: from an input element to an output element.
+"""Best paths under a selective semiring, read by following back-pointers.
 
-With ⊕ selective (max/min-like), the adjoint of every element is the value of its best
-path. Starting at the input element, each step follows the out-edge whose φ(partial) ⊗
-adjoint(consumer element) reproduces that best value. Candidates are ordered: reaching a
-differentiated output first, then consumers in graph order, operand position, and element
-index, and only a strictly better candidate replaces an earlier one (tie-break: smallest index).
+The backward pass runs under `semiring.pointers.PointerSemiring` (with `PointerContext`):
+every element's accumulated adjoint carries, beside its value, the id of the consumer
+element its best path steps to next (or the output's pointer, 0, where the path ends) and
+the real partial of that edge. Each op's own semiring adjoint records its winners, since
+every ⊕ it makes keeps the winner's pointer (tie-break: the value ⊕ returns, then the
+smaller id: the output first, then consumers in graph order, then element index).
 
-Local partials of each consumer come from its dense Jacobian (local_jacobian.py).
+A path is then read by following pointers: O(path length) per path, no local Jacobian,
+batched over batch items and requested elements (one NumPy gather per node and step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
-from ..deadline import check
 from .. import ir
-from ..errors import InvalidArgument, quoted
+from ..deadline import check
+from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..runtime.outputs import OutputKey
-from .local_jacobian import local_jacobian
+from ..semiring.pointers import OUTPUT
 from .reverse import BackwardGraph
+
+ALL = "all"  # best_path="all": every element of every differentiated input
 
 
 @dataclass
@@ -32,81 +37,130 @@ class BestPathResult:
     value: dict[str, float] = field(default_factory=dict)
 
 
-def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
-    """`results`: the backward plan's, with every adjoint, seed and forward value (OutputKey)."""
-    nb = len(batch.shape)
+def longest_steps(cg, wrt: Sequence[str]) -> dict[str, int]:
+    """Per input: the most steps a path from one of its elements can have (1 + the longest
+    chain of nodes from it to an output), read from the graph's structure alone."""
     consumers = ir.consumers_of(cg.order)
-    nodes = cg.graph.node_map()
-    output_names: dict[str, str] = {}
-    for name, ref in backward.outputs.items():
-        output_names.setdefault(ref, name)
+    outputs = set(cg.graph.output_map.values())
+    hops: dict[str, int] = {}
+    for node in reversed(cg.order):
+        after = [hops[c] for c, _ in consumers.get(node.id, ()) if c in hops]
+        if after or node.id in outputs:
+            hops[node.id] = 1 + max(after, default=0)
+    out = {}
+    for x in wrt:
+        after = [hops[c] for c, _ in consumers.get(x, ()) if c in hops]
+        out[x] = 1 + max(after, default=0)
+    return out
 
-    def item(value, ref, b):
-        shape = batch.shape + cg.types[ref].shape
-        return s.map(lambda c: np.broadcast_to(c, shape)[b].reshape(-1), value)
 
-    def forward_value(ref, b):
-        value = batch.arrays[ref] if ref in batch.arrays else results[OutputKey.value(ref)]
-        return np.broadcast_to(value, batch.shape + cg.types[ref].shape)[b]
+def check_path_steps(cg, wrt: Sequence[str], requests, batch_size: int, max_steps: int) -> None:
+    """RESOURCE_EXHAUSTED, before any work, unless the paths asked for can have at most
+    `max_steps` steps in all (each path: 1 + the longest chain from its input to an output)."""
+    longest = longest_steps(cg, wrt)
+    if requests == ALL:
+        per_input = {x: batch_size * cg.types[x].size for x in wrt}
+    else:
+        per_input = {}
+        for name, _ in requests:
+            per_input[name] = per_input.get(name, 0) + 1
+    steps = sum(n * longest.get(x, 1) for x, n in per_input.items())
+    if steps > max_steps:
+        what = ", ".join(f"{quoted(x)} {n} paths of up to {longest.get(x, 1)} steps" for x, n in per_input.items())
+        raise ResourceExhausted(f"the best paths asked for could return up to {steps} path steps ({what}); the limit "
+                                f"is max_path_steps = {max_steps}: ask for fewer paths or a smaller batch")
 
-    paths = []
+
+def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(input, flat batch items, flat elements) of every requested start, grouped by input in
+    request order (`requests`: (input, full index) pairs, or ALL)."""
+    nb = len(batch.shape)
+    items = int(np.prod(batch.shape, dtype=np.int64))
+    if requests == ALL:
+        groups = []
+        for x in backward.gradients:
+            size = cg.types[x].size
+            b, e = np.divmod(np.arange(items * size, dtype=np.int64), size)
+            groups.append((x, b, e))
+        return groups
+    groups = []
     for name, index in requests:
         if name not in backward.gradients:
             raise InvalidArgument(f"best path requested from {quoted(name)}, which is not a differentiated input "
                                   f"(wrt: {', '.join(backward.gradients)})")
-        full_shape = batch.shape + cg.types[name].shape
+        shape = cg.types[name].shape
+        full_shape = batch.shape + shape
         if len(index) != len(full_shape) or not all(-d <= i < d for i, d in zip(index, full_shape)):
             raise InvalidArgument(f"best path index {list(index)} does not address an element of input '{name}' "
                                   f"(shape {list(full_shape)}, batch dimensions first)")
         index = tuple(i % d for i, d in zip(index, full_shape))
-        b, element = index[:nb], index[nb:]
-        result = BestPathResult(name, index)
-        paths.append(result)
-        if name not in backward.adjoints:
-            result.value = _read_scalar(s, s.zeros(()))
+        b = int(np.ravel_multi_index(index[:nb], batch.shape)) if nb else 0
+        e = int(np.ravel_multi_index(index[nb:], shape)) if shape else 0
+        groups.append((name, np.array([b]), np.array([e])))
+    return groups
+
+
+def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
+    """The best path from each requested start (`s`: the PointerSemiring the plan ran under;
+    `results`: the plan's, with every node's adjoint under OutputKey.adjoint)."""
+    offsets = backward.context.offsets
+    names = list(offsets)
+    starts = np.array([offsets[n] for n in names], dtype=np.float64)
+    output_names: dict[str, str] = {}
+    for name, ref in backward.outputs.items():
+        output_names.setdefault(ref, name)
+    zero = s.base.zeros(())
+
+    def read(value, ref, b, e):
+        """(value, ptr, partial) of node `ref`'s adjoint at flat batch items b, flat elements e."""
+        shape = cg.types[ref].shape
+        where = (np.unravel_index(b, batch.shape) if batch.shape else ()) + \
+                (np.unravel_index(e, shape) if shape else ())
+        return tuple(np.broadcast_to(np.broadcast_to(c, batch.shape + shape)[where], np.shape(b)) for c in value)
+
+    paths: list[BestPathResult] = []
+    for x, b, e in start_elements(cg, backward, batch, requests):
+        shape = cg.types[x].shape
+        first = len(paths)
+        for bi, ei in zip(b.tolist(), e.tolist()):
+            index = (tuple(int(i) for i in np.unravel_index(bi, batch.shape)) if batch.shape else ()) + \
+                    (tuple(int(i) for i in np.unravel_index(ei, shape)) if shape else ())
+            paths.append(BestPathResult(x, index))
+        if backward.gradients.get(x) is None:
+            for p in paths[first:]:
+                p.value = {k: float(v) for k, v in s.base.read(zero).items()}
             continue
-        start = _pick(s, item(results[OutputKey.adjoint(name)], name, b), _flat(element, cg.types[name].shape))
-        result.value = _read_scalar(s, start)
-        if np.all(s.equal(start, s.zeros(()), rtol=0, atol=0)):
-            continue  # no path with a non-zero product
-        ref, flat = name, _flat(element, cg.types[name].shape)
-        result.steps.append((ref, element, 1.0))
-        while True:
-            check(f"tracing the best path from {name}{list(index)}, at node '{ref}'")
-            best = None  # (value, next ref, next flat index, partial); next ref None: the output itself
-            if ref in output_names:
-                best = (_pick(s, item(results[OutputKey.seed(ref)], ref, b), flat), None, flat, 1.0)
-            for consumer, pos in consumers.get(ref, ()):
-                if consumer not in backward.adjoints:
-                    continue
-                node = nodes[consumer]
-                operands = [forward_value(r, b) for r in node.inputs]
-                column = local_jacobian(cg, node, pos, operands)[:, flat]
-                hits = np.flatnonzero(column)
-                if hits.size == 0:
-                    continue
-                adjoint = item(results[OutputKey.adjoint(consumer)], consumer, b)
-                values = s.mul(s.lift(column[hits]), s.map(lambda c: c[hits], adjoint))
-                top = s.sum(values, axis=(-1,), keepdims=True)
-                first = int(np.argmax(s.equal(values, top)))
-                candidate = (_pick(s, values, first), consumer, int(hits[first]), float(column[hits[first]]))
-                if best is None or not np.all(s.equal(s.add(best[0], candidate[0]), best[0])):
-                    best = candidate
-            if best is None or best[1] is None:
-                result.output = output_names.get(ref, "")
-                break
-            _, ref, flat, partial = best
-            result.steps.append((ref, tuple(int(i) for i in np.unravel_index(flat, cg.types[ref].shape)), partial))
+        value, ptr, partial = read(results[OutputKey.gradient(x)], x, b, e)
+        base_read = s.base.read(value)
+        for k, arr in base_read.items():
+            for p, v in zip(paths[first:], np.asarray(arr).tolist()):
+                p.value[k] = float(v)
+        alive = ~np.asarray(s.base.equal(value, zero, rtol=0, atol=0)) & (ptr >= 0)
+        here = np.nonzero(alive)[0]
+        for i in here.tolist():
+            paths[first + i].steps.append((x, paths[first + i].index[len(batch.shape):], 1.0))
+        at_ref = np.full(b.shape, -1)  # index into `names` of the node each path is at (-1: the input)
+        cur_b, cur_e, cur_ptr, cur_partial = b[here], e[here], ptr[here], partial[here]
+        at_ref = at_ref[here]
+        while here.size:
+            check(f"tracing best paths from {quoted(x)}")
+            ended = cur_ptr == OUTPUT
+            for i, k in zip(here[ended].tolist(), at_ref[ended].tolist()):
+                paths[first + i].output = output_names.get(x if k < 0 else names[k], "")
+            go = ~ended & (cur_ptr > 0)
+            here, cur_b, cur_ptr, cur_partial = here[go], cur_b[go], cur_ptr[go], cur_partial[go]
+            k = np.searchsorted(starts, cur_ptr, side="right") - 1
+            flat = (cur_ptr - starts[k]).astype(np.int64)
+            nxt_ptr, nxt_partial = np.empty_like(cur_ptr), np.empty_like(cur_partial)
+            for node in np.unique(k).tolist():
+                sel = k == node
+                ref = names[node]
+                _, p, q = read(results[OutputKey.adjoint(ref)], ref, cur_b[sel], flat[sel])
+                nxt_ptr[sel], nxt_partial[sel] = p, q
+                shape = cg.types[ref].shape
+                elems = np.stack(np.unravel_index(flat[sel], shape), axis=-1).tolist() if shape else \
+                    [[]] * int(sel.sum())
+                for i, el, q0 in zip(here[sel].tolist(), elems, cur_partial[sel].tolist()):
+                    paths[first + i].steps.append((ref, tuple(el), q0))
+            at_ref, cur_e, cur_ptr, cur_partial = k, flat, nxt_ptr, nxt_partial
     return paths
-
-
-def _flat(element: tuple, shape: tuple) -> int:
-    return int(np.ravel_multi_index(element, shape)) if shape else 0
-
-
-def _pick(s, value, i: int):
-    return s.map(lambda c: c[..., i], value)
-
-
-def _read_scalar(s, value) -> dict[str, float]:
-    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in s.read(s.map(np.atleast_1d, value)).items()}

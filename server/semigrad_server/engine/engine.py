@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir, telemetry
+from ..autodiff.best_path import check_path_steps, trace_best_paths
 from ..deadline import interruptibly
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, quoted
 from ..hooks import run as hooks_run
@@ -26,9 +27,10 @@ from ..runtime.allocation import results_in
 from ..runtime.compiled import compile_executable
 from ..runtime.outputs import OutputKey
 from ..semiring.loader import SemiringRegistry, default_registry
+from ..semiring.pointers import PointerSemiring
 from ..store import GraphStore, LruCache, MemoryGraphStore, Quota
 from . import tenancy
-from .execution import MemoryBudget, check_best_path_work, check_work, checked_backend, compile_kind, run_plan
+from .execution import MemoryBudget, check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
 from .graphs import Batch, CompiledGraph, compile_graph
 from .remembered import CheckedGradient, result_slot
@@ -105,16 +107,21 @@ class Engine:
                  semiring_params: Mapping[str, object] | None = None, return_components: bool = False,
                  best_paths: Sequence[tuple[str, tuple[int, ...]]] = (), deadline: float | None = None,
                  backend: str = "auto", retain: Sequence[str] = (), hooks: Sequence[HookRequest] = (),
-                 hook_run: HookRun | None = None, semirings: Sequence[str] = ()) -> GradientResult:
+                 hook_run: HookRun | None = None, semirings: Sequence[str] = (), top_paths: int = 0) -> GradientResult:
         """Gradients (under `semiring`) of the outputs w.r.t. `wrt` (see GradientSpec).
 
         `retain`: intermediate nodes whose gradients come back too. `hooks`: hook attachments;
         client hooks call `hook_run.client`. `semirings`: several semirings at once (one forward
-        pass, one backward walk), each result in `result.semirings[name]`."""
+        pass, one backward walk), each result in `result.semirings[name]`. `best_paths`: (input,
+        full index) pairs, or "all" (every element of every wrt input); `top_paths`: the k best
+        paths of the whole graph."""
+        if isinstance(best_paths, str):
+            best_paths = best_paths if best_paths == "all" else (best_paths,)  # a bad value is refused by name later
         spec = GradientSpec(graph_id, inputs, tuple(wrt), tuple(outputs), seeds, return_outputs, semiring or "real",
-                            semiring_params, return_components, tuple(best_paths) if best_paths else (),
+                            semiring_params, return_components,
+                            best_paths if isinstance(best_paths, str) else tuple(best_paths or ()),
                             backend or "auto", tuple(retain) if retain else (), tuple(hooks) if hooks else (),
-                            tuple(semirings))
+                            tuple(semirings), int(top_paths))
         return self.run_gradient(spec, deadline, hook_run)
 
     # ------------------------------------------------------------ requests
@@ -138,7 +145,7 @@ class Engine:
         return out, node_values
 
     def run_gradient(self, spec: GradientSpec, deadline: float | None = None,
-                     hook_run: HookRun | None = None, semirings: Sequence[str] = ()) -> GradientResult:
+                     hook_run: HookRun | None = None, semirings: Sequence[str] = (), top_paths: int = 0) -> GradientResult:
         memo = None
         if spec.is_plain:
             cg = self.get(spec.graph_id)
@@ -179,18 +186,24 @@ class Engine:
                                       f"(differentiated: {', '.join(names)})")
         if spec.best_paths and not s.selective:
             raise FailedPrecondition(f"best paths need a selective semiring (max/min-like); '{s.name}' is not")
-        if spec.best_paths:
-            check_best_path_work(cg, len(spec.best_paths), self.limits)
         batch = cg.batch(spec.inputs)
+        plan_semiring = s
+        if spec.best_paths:
+            try:
+                plan_semiring = PointerSemiring(s)
+            except ValueError as e:
+                raise FailedPrecondition(str(e)) from None
+            check_path_steps(cg, wrt, spec.best_paths, int(np.prod(batch.shape, dtype=np.int64)),
+                             self.limits.max_path_steps)
         seeded = tuple(sorted(seeds))
         shape = batch.shape
         for name in seeded:
             seeds[name], shape = checked_seed(cg, name, seeds[name], shape)
             cg.check_rank(shape, f"the seed for output {quoted(name)}")
 
-        key = GradientPlanKey(s.key, tuple(names), tuple(wrt), seeded, spec.return_outputs, bool(spec.best_paths),
+        key = GradientPlanKey(plan_semiring.key, tuple(names), tuple(wrt), seeded, spec.return_outputs, bool(spec.best_paths),
                               compile_kind(backend), spec.retain, tuple(slot_key(slot) for slot in slots))
-        compiled = cg.plans.get(key, lambda: interruptibly("compiling the gradient", compile_gradient, cg, s, key,
+        compiled = cg.plans.get(key, lambda: interruptibly("compiling the gradient", compile_gradient, cg, plan_semiring, key,
                                                            backend, slots))
         if seeded:
             seed_inputs = compiled.backward.seed_inputs
@@ -217,7 +230,13 @@ class Engine:
                     hooks_run.CURRENT.reset(token)
             else:
                 results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
-        return gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
+        paths = []
+        if spec.best_paths:
+            paths = trace_best_paths(cg, compiled.backward, plan_semiring, results, batch, spec.best_paths)
+            results = {k: plan_semiring.value_of(v) if isinstance(v, tuple) else v for k, v in results.items()}
+        result = gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
+        result.best_paths = paths
+        return result
 
     def plain_gradient(self, checked: CheckedGradient, inputs: Mapping[str, np.ndarray], deadline: float | None,
                        backend: str) -> GradientResult:

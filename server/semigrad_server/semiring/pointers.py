@@ -1,0 +1,140 @@
+"""Back-pointers for a selective semiring: its values carried with the winner of every ⊕.
+
+`PointerSemiring(base)` wraps a selective semiring (⊕ returns one of its operands). A value is
+the base value plus two float64 arrays of the same shape:
+
+* `ptr`: which contribution won the ⊕ that made this element — an element id the backward
+  pass stamps on every adjoint before it flows into its node's adjoint rule (`tag`), so the
+  winner of a node's accumulated adjoint is the id of the consumer element its best path
+  steps to next (0: an output's seed; -1: none, for constants and lifted partials);
+* `partial`: the real product of the local partials lifted since the last stamp: the
+  partial of the winning edge.
+
+Every ⊕ (add, ⊕-reduce, matmul, scatter-⊕, ⊕-scan) keeps the winner's pointer and partial.
+Ties keep the documented tie-break: the operand whose value ⊕ returns, and among equal
+values the smaller pointer (element ids grow with graph order, then element index). ⊗
+multiplies values and partials and keeps the one pointer a product of an adjoint and lifted
+partials has (the larger: a lifted partial has none, -1).
+
+Because every op's semiring adjoint is written against ⊕, ⊗ and the semiring's kernels,
+running it under this semiring makes it report its winners itself: no op needs a second rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Semiring
+from .tropical import TropicalSemiring
+
+NONE = -1.0  # pointer of a value no adjoint reached (constants, lifted partials, 0̄)
+OUTPUT = 0.0  # pointer of an output's seed: the path ends there
+
+
+class PointerSemiring(Semiring):
+    """`base` (selective, one array per value) with back-pointers: (value, ptr, partial)."""
+
+    selective = True
+    idempotent = True
+    components = 3
+    component_names = ("value", "ptr", "partial")
+    primary = "value"
+
+    def __init__(self, base: Semiring):
+        if not base.selective:
+            raise ValueError(f"back-pointers need a selective semiring; '{base.name}' is not")
+        if base.components != 1:
+            raise ValueError(f"back-pointers need a semiring with one array per value; '{base.name}' has "
+                             f"{base.components}")
+        self.base = base
+        self.name = base.name
+        self.commutative = base.commutative
+        self.description = f"{base.name} with back-pointers"
+        # (max or min) ⊕ on plain arrays: winners found by comparison, without calling add.
+        self._order = base.addition if isinstance(base, TropicalSemiring) else None
+
+    @property
+    def key(self) -> str:
+        return f"pointers({self.base.key})"
+
+    # ------------------------------------------------------------ the carrier
+    def zeros(self, shape):
+        return self.base.zeros(shape), np.full(shape, NONE), np.zeros(shape)
+
+    def ones(self, shape):
+        return self.base.ones(shape), np.full(shape, NONE), np.ones(shape)
+
+    def lift(self, d):
+        d = np.asarray(d, dtype=np.float64)
+        return self.base.lift(d), np.full(d.shape, NONE), d
+
+    def mul(self, a, b):
+        return self.base.mul(a[0], b[0]), np.maximum(a[1], b[1]), a[2] * b[2]
+
+    def _a_wins(self, a, b) -> np.ndarray:
+        """Where a ⊕ b is a: a's value strictly better, or equal values and a's pointer no larger."""
+        va, vb = a[0], b[0]
+        if self._order == "max":
+            better, same = va > vb, va == vb
+        elif self._order == "min":
+            better, same = va < vb, va == vb
+        else:
+            total = self.base.add(va, vb)
+            is_a = np.asarray(self.base.equal(total, va, rtol=0, atol=0))
+            same = is_a & np.asarray(self.base.equal(total, vb, rtol=0, atol=0))
+            better = is_a & ~same
+        return better | (same & (a[1] <= b[1]))
+
+    def add(self, a, b):
+        take = self._a_wins(a, b)
+        return tuple(np.where(take, x, y) for x, y in zip(a, b))
+
+    def sum(self, a, axis, keepdims=False):
+        ndim = np.ndim(a[0])
+        for ax in sorted(axis, reverse=True):
+            a = self._reduce_keep(a, ax % ndim)
+        if not keepdims:
+            a = tuple(np.squeeze(c, axis=tuple(axis)) for c in a)
+        return a
+
+    def _reduce_keep(self, a, ax: int):
+        """⊕ over one (non-negative) axis, kept with length 1: the winner's three arrays."""
+        shape = np.shape(a[0])
+        if shape[ax] == 0:
+            return self.zeros(shape[:ax] + (1,) + shape[ax + 1:])
+        v, ptr = np.broadcast_arrays(a[0], a[1])
+        best = self.base.sum(v, axis=(ax - v.ndim,), keepdims=True)
+        if self._order is not None:
+            hit = v == best
+        else:
+            hit = np.asarray(self.base.equal(v, best, rtol=0, atol=0))
+        lowest = np.where(hit, ptr, np.inf).min(axis=ax, keepdims=True)
+        first = np.argmax(hit & (ptr == lowest), axis=ax)[(slice(None),) * ax + (None,)]
+        return tuple(np.take_along_axis(np.broadcast_to(c, shape), first, axis=ax) for c in a)
+
+    def equal(self, a, b, rtol=1e-9, atol=1e-12):
+        return (np.asarray(self.base.equal(a[0], b[0], rtol=rtol, atol=atol))
+                & (np.asarray(a[1]) == np.asarray(b[1]))
+                & (np.isclose(a[2], b[2], rtol=rtol, atol=atol) | (np.asarray(a[2]) == np.asarray(b[2]))))
+
+    def read(self, value):
+        return self.base.read(value[0])
+
+    def value_of(self, value):
+        """The base semiring's value."""
+        return value[0]
+
+    # ------------------------------------------------------------ stamping adjoints
+    def tag(self, value, offset: int, item_shape: tuple, each: bool = True):
+        """`value` with its pointers replaced by its own element ids (offset + flat index of the
+        element within its node; every element `offset` when not `each`) and partials by 1."""
+        v = np.asarray(value[0])
+        if each:
+            size = int(np.prod(item_shape, dtype=np.int64))
+            ids = (offset + np.arange(size, dtype=np.float64)).reshape(item_shape)
+            ptr = np.broadcast_to(ids, v.shape) if v.shape[v.ndim - len(item_shape):] == tuple(item_shape) \
+                else np.broadcast_to(ids, np.broadcast_shapes(v.shape, ids.shape))
+        else:
+            ptr = np.full(v.shape, float(offset))
+        v = np.broadcast_to(v, ptr.shape)
+        return v, ptr, np.ones(ptr.shape)
