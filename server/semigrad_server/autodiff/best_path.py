@@ -26,6 +26,7 @@ from ..semiring.pointers import OUTPUT
 from .reverse import BackwardGraph
 
 ALL = "all"  # best_path="all": every element of every differentiated input
+MAX_TOP_PATHS = 64  # top_paths=k: at most this k (the k-best carrier holds 3k arrays per value)
 
 
 @dataclass
@@ -103,64 +104,109 @@ def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[s
 def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
     """The best path from each requested start (`s`: the PointerSemiring the plan ran under;
     `results`: the plan's, with every node's adjoint under OutputKey.adjoint)."""
-    offsets = backward.context.offsets
-    names = list(offsets)
-    starts = np.array([offsets[n] for n in names], dtype=np.float64)
-    output_names: dict[str, str] = {}
-    for name, ref in backward.outputs.items():
-        output_names.setdefault(ref, name)
-    zero = s.base.zeros(())
-
-    def read(value, ref, b, e):
-        """(value, ptr, partial) of node `ref`'s adjoint at flat batch items b, flat elements e."""
-        shape = cg.types[ref].shape
-        where = (np.unravel_index(b, batch.shape) if batch.shape else ()) + \
-                (np.unravel_index(e, shape) if shape else ())
-        return tuple(np.broadcast_to(np.broadcast_to(c, batch.shape + shape)[where], np.shape(b)) for c in value)
-
+    walker = _Walker(cg, backward, s, results, batch, 1)
     paths: list[BestPathResult] = []
+    zero = s.base.zeros(())
     for x, b, e in start_elements(cg, backward, batch, requests):
-        shape = cg.types[x].shape
         first = len(paths)
-        for bi, ei in zip(b.tolist(), e.tolist()):
-            index = (tuple(int(i) for i in np.unravel_index(bi, batch.shape)) if batch.shape else ()) + \
-                    (tuple(int(i) for i in np.unravel_index(ei, shape)) if shape else ())
-            paths.append(BestPathResult(x, index))
+        paths.extend(BestPathResult(x, walker.full_index(x, bi, ei)) for bi, ei in zip(b.tolist(), e.tolist()))
         if backward.gradients.get(x) is None:
             for p in paths[first:]:
-                p.value = {k: float(v) for k, v in s.base.read(zero).items()}
+                p.value = {key: float(v) for key, v in s.base.read(zero).items()}
             continue
-        value, ptr, partial = read(results[OutputKey.gradient(x)], x, b, e)
-        base_read = s.base.read(value)
-        for k, arr in base_read.items():
+        value, ptr, partial = walker.read(results[OutputKey.gradient(x)], x, b, e)
+        for key, arr in s.base.read(value).items():
             for p, v in zip(paths[first:], np.asarray(arr).tolist()):
-                p.value[k] = float(v)
+                p.value[key] = float(v)
         alive = ~np.asarray(s.base.equal(value, zero, rtol=0, atol=0)) & (ptr >= 0)
         here = np.nonzero(alive)[0]
-        for i in here.tolist():
-            paths[first + i].steps.append((x, paths[first + i].index[len(batch.shape):], 1.0))
-        at_ref = np.full(b.shape, -1)  # index into `names` of the node each path is at (-1: the input)
-        cur_b, cur_e, cur_ptr, cur_partial = b[here], e[here], ptr[here], partial[here]
-        at_ref = at_ref[here]
-        while here.size:
-            check(f"tracing best paths from {quoted(x)}")
-            ended = cur_ptr == OUTPUT
-            for i, k in zip(here[ended].tolist(), at_ref[ended].tolist()):
-                paths[first + i].output = output_names.get(x if k < 0 else names[k], "")
-            go = ~ended & (cur_ptr > 0)
-            here, cur_b, cur_ptr, cur_partial = here[go], cur_b[go], cur_ptr[go], cur_partial[go]
-            k = np.searchsorted(starts, cur_ptr, side="right") - 1
-            flat = (cur_ptr - starts[k]).astype(np.int64)
-            nxt_ptr, nxt_partial = np.empty_like(cur_ptr), np.empty_like(cur_partial)
-            for node in np.unique(k).tolist():
-                sel = k == node
-                ref = names[node]
-                _, p, q = read(results[OutputKey.adjoint(ref)], ref, cur_b[sel], flat[sel])
-                nxt_ptr[sel], nxt_partial[sel] = p, q
-                shape = cg.types[ref].shape
-                elems = np.stack(np.unravel_index(flat[sel], shape), axis=-1).tolist() if shape else \
-                    [[]] * int(sel.sum())
-                for i, el, q0 in zip(here[sel].tolist(), elems, cur_partial[sel].tolist()):
-                    paths[first + i].steps.append((ref, tuple(el), q0))
-            at_ref, cur_e, cur_ptr, cur_partial = k, flat, nxt_ptr, nxt_partial
+        walker.follow([paths[first + i] for i in here.tolist()], b[here], ptr[here], partial[here])
     return paths
+
+
+def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> list[BestPathResult]:
+    """The k best paths of the whole graph, best first (`s`: the KBestPointerSemiring the plan
+    ran under). Equal values: the earlier input (wrt order), batch item, element, then rank."""
+    walker = _Walker(cg, backward, s, results, batch, k)
+    items = int(np.prod(batch.shape, dtype=np.int64))
+    zero = s.base.zero
+    found = []  # (values, ptrs, partials, input number, batch items, elements), flattened with rank last
+    for number, (x, ref) in enumerate(backward.gradients.items()):
+        if ref is None:
+            continue
+        size = cg.types[x].size
+        b, e = np.divmod(np.arange(items * size, dtype=np.int64), size)
+        value = walker.read(results[OutputKey.gradient(x)], x, b, e)
+        v, p, q = (np.stack(value[j * k:(j + 1) * k], axis=-1).reshape(-1) for j in range(3))
+        found.append((v, p, q, np.full(v.shape, number), np.repeat(b, k), np.repeat(e, k)))
+    if not found:
+        return []
+    v, p, q, number, b, e = (np.concatenate(parts) for parts in zip(*found))
+    rank = np.tile(np.arange(k), v.size // k)
+    real = (v != zero) & (p >= 0)
+    sign = 1.0 if s.base.addition == "max" else -1.0
+    order = np.flatnonzero(real)[np.lexsort((rank[real], e[real], b[real], number[real], -sign * v[real]))][:k]
+    names = list(backward.gradients)
+    paths = [BestPathResult(names[number[i]], walker.full_index(names[number[i]], int(b[i]), int(e[i])),
+                            value={key: float(np.asarray(val).reshape(-1)[0])
+                                   for key, val in s.base.read(np.array([v[i]])).items()})
+             for i in order.tolist()]
+    walker.follow(paths, b[order], p[order], q[order])
+    return paths
+
+
+class _Walker:
+    """Follows back-pointers (`id · k + rank`) through the adjoints of a pointer plan's results."""
+
+    def __init__(self, cg, backward: BackwardGraph, s, results, batch, k: int):
+        self.cg, self.s, self.results, self.batch, self.k = cg, s, results, batch, k
+        offsets = backward.context.offsets
+        self.names = list(offsets)
+        self.starts = np.array([offsets[n] for n in self.names], dtype=np.float64)
+        self.output_names: dict[str, str] = {}
+        for name, ref in backward.outputs.items():
+            self.output_names.setdefault(ref, name)
+
+    def full_index(self, ref: str, b: int, e: int) -> tuple[int, ...]:
+        shape, batch = self.cg.types[ref].shape, self.batch.shape
+        return (tuple(int(i) for i in np.unravel_index(b, batch)) if batch else ()) + \
+            (tuple(int(i) for i in np.unravel_index(e, shape)) if shape else ())
+
+    def read(self, value, ref: str, b: np.ndarray, e: np.ndarray) -> tuple:
+        """Every component of node `ref`'s adjoint at flat batch items b, flat elements e."""
+        shape, batch = self.cg.types[ref].shape, self.batch.shape
+        where = (np.unravel_index(b, batch) if batch else ()) + (np.unravel_index(e, shape) if shape else ())
+        return tuple(np.broadcast_to(np.broadcast_to(c, batch + shape)[where], np.shape(b)) for c in value)
+
+    def follow(self, paths: list[BestPathResult], b: np.ndarray, ptr: np.ndarray, partial: np.ndarray) -> None:
+        """Append every step of each path (started at its input element, whose adjoint holds
+        `ptr` and `partial` at batch item `b`), one gather per node and step for all paths."""
+        k, nb = self.k, len(self.batch.shape)
+        for p in paths:
+            p.steps.append((p.input, p.index[nb:], 1.0))
+        here = np.arange(len(paths))
+        at = np.full(len(paths), -1)  # index into names of the node each path is at (-1: its input)
+        while here.size:
+            check("tracing best paths")
+            ids, rank = np.divmod(ptr, k)
+            ended = ids == OUTPUT
+            for i, n in zip(here[ended].tolist(), at[ended].tolist()):
+                paths[i].output = self.output_names.get(paths[i].input if n < 0 else self.names[n], "")
+            go = ~ended & (ptr > 0)
+            here, b, ids, rank, partial = here[go], b[go], ids[go], rank[go].astype(np.int64), partial[go]
+            node = np.searchsorted(self.starts, ids, side="right") - 1
+            flat = (ids - self.starts[node]).astype(np.int64)
+            ptr, nxt_partial = np.empty(here.shape), np.empty(here.shape)
+            for n in np.unique(node).tolist():
+                sel = np.flatnonzero(node == n)
+                ref = self.names[n]
+                comps = self.read(self.results[OutputKey.adjoint(ref)], ref, b[sel], flat[sel])
+                r = rank[sel]
+                rows = np.arange(sel.size)
+                ptr[sel] = np.stack(comps[k:2 * k], axis=-1)[rows, r]
+                nxt_partial[sel] = np.stack(comps[2 * k:], axis=-1)[rows, r]
+                shape = self.cg.types[ref].shape
+                elems = np.stack(np.unravel_index(flat[sel], shape), axis=-1).tolist() if shape else [[]] * sel.size
+                for i, el, q in zip(here[sel].tolist(), elems, partial[sel].tolist()):
+                    paths[i].steps.append((ref, tuple(el), q))
+            at, partial = node, nxt_partial

@@ -138,3 +138,139 @@ class PointerSemiring(Semiring):
             ptr = np.full(v.shape, float(offset))
         v = np.broadcast_to(v, ptr.shape)
         return v, ptr, np.ones(ptr.shape)
+
+
+class KBestPointerSemiring(Semiring):
+    """The k best path values of a max- or min-ordered semiring (a `TropicalSemiring`:
+    max_product, maxplus, minplus, bottleneck), each with its back-pointer and edge partial:
+    the k-best semiring's carrier (for max_product its values are kbest's) with pointers.
+
+    A value is 3k arrays: the k values, best first (0̄ where there are fewer paths), their k
+    pointers and their k partials. A pointer is `id · k + rank`: the element the path steps
+    to next and which of that element's k paths it continues (id 0: an output's seed). Ties
+    between equal values go to the smaller pointer, as in `PointerSemiring`.
+    """
+
+    selective = False
+    idempotent = False
+
+    def __init__(self, base: Semiring, k: int):
+        if not isinstance(base, TropicalSemiring):
+            raise ValueError(f"the k best paths need a max- or min-ordered semiring (max_product, maxplus, "
+                             f"minplus, bottleneck); '{base.name}' is not one")
+        self.base, self.k = base, int(k)
+        self.name = base.name
+        self.commutative = base.commutative
+        self.components = 3 * self.k
+        self.component_names = tuple(f"{part}{r}" for part in ("value", "ptr", "partial") for r in range(self.k))
+        self.primary = "value"
+        self.description = f"the {self.k} best paths of {base.name} with back-pointers"
+        self._sign = 1.0 if base.addition == "max" else -1.0  # sort key: -sign · value, then pointer
+
+    @property
+    def key(self) -> str:
+        return f"kbest-pointers({self.base.key}, k={self.k})"
+
+    # ------------------------------------------------------------ packing
+    def _stack(self, value):
+        k = self.k
+        parts = np.broadcast_arrays(*value)
+        return np.stack(parts[:k], -1), np.stack(parts[k:2 * k], -1), np.stack(parts[2 * k:], -1)
+
+    def _unstack(self, v, p, q):
+        return tuple(v[..., r] for r in range(self.k)) + tuple(p[..., r] for r in range(self.k)) + \
+            tuple(q[..., r] for r in range(self.k))
+
+    def _top(self, v, p, q):
+        """The k best of the candidates on the last axis: by value (⊕'s order), then pointer."""
+        order = np.lexsort((p, -self._sign * v), axis=-1)[..., :self.k]
+        return tuple(np.take_along_axis(x, order, axis=-1) for x in (v, p, q))
+
+    # ------------------------------------------------------------ the carrier
+    def _single(self, v, p, q):
+        """A value whose best entry is (v, p, q) and the others 0̄."""
+        shape = np.shape(v)
+        rest = self.k - 1
+        zero = self.base.zeros(shape)
+        return (v,) + (zero,) * rest + (p,) + (np.full(shape, NONE),) * rest + (q,) + (np.zeros(shape),) * rest
+
+    def zeros(self, shape):
+        return self._single(self.base.zeros(shape), np.full(shape, NONE), np.zeros(shape))
+
+    def ones(self, shape):
+        return self._single(self.base.ones(shape), np.full(shape, NONE), np.ones(shape))
+
+    def lift(self, d):
+        d = np.asarray(d, dtype=np.float64)
+        return self._single(self.base.lift(d), np.full(d.shape, NONE), d)
+
+    def _only_first(self, value) -> bool:
+        zero = self.base.zero
+        return all(np.all(np.asarray(c) == zero) for c in value[1:self.k])
+
+    def mul(self, a, b):
+        if self._only_first(a) or self._only_first(b):
+            first, other = (a, b) if self._only_first(a) else (b, a)
+            va, pa, qa = first[0], first[self.k], first[2 * self.k]
+            v, p, q = self._stack(other)
+            v = self.base.mul(np.asarray(va)[..., None], v) if first is a else self.base.mul(v, np.asarray(va)[..., None])
+            p = np.maximum(np.asarray(pa)[..., None], p)
+            q = np.asarray(qa)[..., None] * q
+            return self._unstack(*self._top(*np.broadcast_arrays(v, p, q)))
+        va, pa, qa = self._stack(a)
+        vb, pb, qb = self._stack(b)
+        v = self.base.mul(va[..., :, None], vb[..., None, :])
+        p = np.maximum(pa[..., :, None], pb[..., None, :])
+        q = qa[..., :, None] * qb[..., None, :]
+        shape = v.shape[:-2] + (self.k * self.k,)
+        return self._unstack(*self._top(v.reshape(shape), p.reshape(shape), q.reshape(shape)))
+
+    def add(self, a, b):
+        va, pa, qa = self._stack(a)
+        vb, pb, qb = self._stack(b)
+        va, vb = np.broadcast_arrays(va, vb)
+        pa, pb = np.broadcast_arrays(pa, pb)
+        qa, qb = np.broadcast_arrays(qa, qb)
+        return self._unstack(*self._top(np.concatenate([va, vb], -1), np.concatenate([pa, pb], -1),
+                                        np.concatenate([qa, qb], -1)))
+
+    def sum(self, a, axis, keepdims=False):
+        v, p, q = self._stack(a)
+        nd = v.ndim - 1
+        axes = sorted({ax % nd for ax in axis}) if nd else []
+        rest = [ax for ax in range(nd) if ax not in axes]
+        shape = tuple(v.shape[ax] for ax in rest)
+        if any(v.shape[ax] == 0 for ax in axes):
+            out = self.zeros(shape)
+        else:
+            flat = [np.transpose(x, rest + axes + [nd]).reshape(shape + (-1,)) for x in (v, p, q)]
+            out = self._unstack(*self._top(*flat))
+        if keepdims:
+            out = tuple(np.expand_dims(c, tuple(axes)) for c in out)
+        return out
+
+    def equal(self, a, b, rtol=1e-9, atol=1e-12):
+        parts = [np.isclose(x, y, rtol=rtol, atol=atol) | (np.asarray(x) == np.asarray(y)) for x, y in zip(a, b)]
+        return np.logical_and.reduce(parts)
+
+    def read(self, value):
+        return self.base.read(value[0])
+
+    def value_of(self, value):
+        return value[0]
+
+    def tag(self, value, offset: int, item_shape: tuple, each: bool = True):
+        """Pointers `(offset + flat index) · k + rank` (every element `offset` when not `each`),
+        partials 1, values kept."""
+        k = self.k
+        v = np.broadcast_arrays(*value[:k])
+        shape = v[0].shape
+        if each:
+            size = int(np.prod(item_shape, dtype=np.int64))
+            ids = (offset + np.arange(size, dtype=np.float64)).reshape(item_shape)
+            shape = np.broadcast_shapes(shape, ids.shape)
+            v = [np.broadcast_to(c, shape) for c in v]
+            ptrs = tuple(np.broadcast_to(ids * k + r, shape) for r in range(k))
+        else:
+            ptrs = tuple(np.full(shape, float(offset * k + r)) for r in range(k))
+        return tuple(v) + ptrs + tuple(np.ones(shape) for _ in range(k))
