@@ -190,9 +190,9 @@ class KBestPointerSemiring(Semiring):
     def _single(self, v, p, q):
         """A value whose best entry is (v, p, q) and the others 0̄."""
         shape = np.shape(v)
-        rest = self.k - 1
-        zero = self.base.zeros(shape)
-        return (v,) + (zero,) * rest + (p,) + (np.full(shape, NONE),) * rest + (q,) + (np.zeros(shape),) * rest
+        rest = range(self.k - 1)  # distinct arrays: kernels such as a scatter write into them
+        return ((v,) + tuple(self.base.zeros(shape) for _ in rest) + (p,) + tuple(np.full(shape, NONE) for _ in rest)
+                + (q,) + tuple(np.zeros(shape) for _ in rest))
 
     def zeros(self, shape):
         return self._single(self.base.zeros(shape), np.full(shape, NONE), np.zeros(shape))
