@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .pointer_kernels import kbest_pointer_matmul, pointer_matmul
 from .base import Semiring
 from .tropical import TropicalSemiring
 
@@ -111,6 +112,13 @@ class PointerSemiring(Semiring):
         lowest = np.where(hit, ptr, np.inf).min(axis=ax, keepdims=True)
         first = np.argmax(hit & (ptr == lowest), axis=ax)[(slice(None),) * ax + (None,)]
         return tuple(np.take_along_axis(np.broadcast_to(c, shape), first, axis=ax) for c in a)
+
+    def matmul(self, a, b):
+        if self._order is not None:
+            out = pointer_matmul(a, b, self.base.addition, self.base.multiplication, self.base.zero)
+            if out is not None:
+                return out
+        return super().matmul(a, b)
 
     def equal(self, a, b, rtol=1e-9, atol=1e-12):
         return (np.asarray(self.base.equal(a[0], b[0], rtol=rtol, atol=atol))
@@ -248,6 +256,10 @@ class KBestPointerSemiring(Semiring):
         if keepdims:
             out = tuple(np.expand_dims(c, tuple(axes)) for c in out)
         return out
+
+    def matmul(self, a, b):
+        out = kbest_pointer_matmul(a, b, self.k, self.base.addition, self.base.multiplication, self.base.zero)
+        return super().matmul(a, b) if out is None else out
 
     def equal(self, a, b, rtol=1e-9, atol=1e-12):
         parts = [np.isclose(x, y, rtol=rtol, atol=atol) | (np.asarray(x) == np.asarray(y)) for x, y in zip(a, b)]
