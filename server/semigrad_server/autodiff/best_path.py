@@ -72,20 +72,24 @@ def check_path_steps(cg, wrt: Sequence[str], requests, batch_size: int, max_step
                                 f"is max_path_steps = {max_steps}: ask for fewer paths or a smaller batch")
 
 
-def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """(input, flat batch items, flat elements) of every requested start, grouped by input in
-    request order (`requests`: (input, full index) pairs, or ALL)."""
+def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """(input, flat batch items, flat elements, positions in the answer) of every requested start,
+    one group per input (`requests`: (input, full index) pairs, or ALL: every element of every
+    differentiated input, input by input in row-major order of the full index)."""
     nb = len(batch.shape)
     items = int(np.prod(batch.shape, dtype=np.int64))
     if requests == ALL:
-        groups = []
+        groups, at = [], 0
         for x in backward.gradients:
             size = cg.types[x].size
             b, e = np.divmod(np.arange(items * size, dtype=np.int64), size)
-            groups.append((x, b, e))
+            groups.append((x, b, e, np.arange(at, at + b.size)))
+            at += b.size
         return groups
-    groups = []
-    for name, index in requests:
+    by_input: dict[str, tuple[list, list, list]] = {}
+    for position, (name, index) in enumerate(requests):
+        if position % 4096 == 0:
+            check("reading the best paths asked for")
         if name not in backward.gradients:
             raise InvalidArgument(f"best path requested from {quoted(name)}, which is not a differentiated input "
                                   f"(wrt: {', '.join(backward.gradients)})")
@@ -95,32 +99,36 @@ def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[s
             raise InvalidArgument(f"best path index {list(index)} does not address an element of input '{name}' "
                                   f"(shape {list(full_shape)}, batch dimensions first)")
         index = tuple(i % d for i, d in zip(index, full_shape))
-        b = int(np.ravel_multi_index(index[:nb], batch.shape)) if nb else 0
-        e = int(np.ravel_multi_index(index[nb:], shape)) if shape else 0
-        groups.append((name, np.array([b]), np.array([e])))
-    return groups
+        bs, es, ps = by_input.setdefault(name, ([], [], []))
+        bs.append(int(np.ravel_multi_index(index[:nb], batch.shape)) if nb else 0)
+        es.append(int(np.ravel_multi_index(index[nb:], shape)) if shape else 0)
+        ps.append(position)
+    return [(x, np.array(bs, dtype=np.int64), np.array(es, dtype=np.int64), np.array(ps))
+            for x, (bs, es, ps) in by_input.items()]
 
 
 def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
-    """The best path from each requested start (`s`: the PointerSemiring the plan ran under;
-    `results`: the plan's, with every node's adjoint under OutputKey.adjoint)."""
+    """The best path from each requested start, in request order (`s`: the PointerSemiring the
+    plan ran under; `results`: the plan's, with every node's adjoint under OutputKey.adjoint)."""
     walker = _Walker(cg, backward, s, results, batch, 1)
-    paths: list[BestPathResult] = []
+    groups = start_elements(cg, backward, batch, requests)
+    paths: list = [None] * sum(len(g[3]) for g in groups)
     zero = s.base.zeros(())
-    for x, b, e in start_elements(cg, backward, batch, requests):
-        first = len(paths)
-        paths.extend(BestPathResult(x, walker.full_index(x, bi, ei)) for bi, ei in zip(b.tolist(), e.tolist()))
+    for x, b, e, positions in groups:
+        mine = [BestPathResult(x, walker.full_index(x, bi, ei)) for bi, ei in zip(b.tolist(), e.tolist())]
+        for position, p in zip(positions.tolist(), mine):
+            paths[position] = p
         if backward.gradients.get(x) is None:
-            for p in paths[first:]:
+            for p in mine:
                 p.value = {key: float(v) for key, v in s.base.read(zero).items()}
             continue
         value, ptr, partial = walker.read(results[OutputKey.gradient(x)], x, b, e)
         for key, arr in s.base.read(value).items():
-            for p, v in zip(paths[first:], np.asarray(arr).tolist()):
+            for p, v in zip(mine, np.asarray(arr).tolist()):
                 p.value[key] = float(v)
         alive = ~np.asarray(s.base.equal(value, zero, rtol=0, atol=0)) & (ptr >= 0)
         here = np.nonzero(alive)[0]
-        walker.follow([paths[first + i] for i in here.tolist()], b[here], ptr[here], partial[here])
+        walker.follow([mine[i] for i in here.tolist()], b[here], ptr[here], partial[here])
     return paths
 
 
