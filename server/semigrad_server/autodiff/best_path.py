@@ -115,7 +115,7 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -
     paths: list = [None] * sum(len(g[3]) for g in groups)
     zero = s.base.zeros(())
     for x, b, e, positions in groups:
-        mine = [BestPathResult(x, walker.full_index(x, bi, ei)) for bi, ei in zip(b.tolist(), e.tolist())]
+        mine = [BestPathResult(x, index) for index in walker.full_indices(x, b, e)]
         for position, p in zip(positions.tolist(), mine):
             paths[position] = p
         if backward.gradients.get(x) is None:
@@ -174,6 +174,14 @@ class _Walker:
         self.output_names: dict[str, str] = {}
         for name, ref in backward.outputs.items():
             self.output_names.setdefault(ref, name)
+
+    def full_indices(self, ref: str, b: np.ndarray, e: np.ndarray) -> list[tuple[int, ...]]:
+        """Full indices (batch dimensions first) of flat batch items b, flat elements e (vectorised)."""
+        shape, batch = self.cg.types[ref].shape, self.batch.shape
+        parts = (list(np.unravel_index(b, batch)) if batch else []) + (list(np.unravel_index(e, shape)) if shape else [])
+        if not parts:
+            return [()] * len(b)
+        return [tuple(row) for row in np.stack(parts, axis=-1).tolist()]
 
     def full_index(self, ref: str, b: int, e: int) -> tuple[int, ...]:
         shape, batch = self.cg.types[ref].shape, self.batch.shape
