@@ -61,9 +61,10 @@ def _compile():
         return ov, op, oq
 
     @numba.njit(cache=True, nogil=True)
-    def kbest(va, pa, qa, vb, pb, qb, maximise, kind, zero):
-        # va: (lead, m, kk, K); vb: (lead, n, kk, K) (b transposed); out (lead, m, n, K)
-        lead, m, kk, K = va.shape
+    def kbest(va, pa, qa, vb, pb, qb, K, maximise, kind, zero):
+        # va: (lead, m, kk, ka ranks); vb: (lead, n, kk, kb ranks) (b transposed); out (lead, m, n, K)
+        lead, m, kk, ka = va.shape
+        kb = vb.shape[3]
         n = vb.shape[1]
         ov = np.full((lead, m, n, K), zero)
         op = np.full((lead, m, n, K), -1.0)
@@ -73,11 +74,11 @@ def _compile():
                 for j in range(n):
                     cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
                     for k in range(kk):
-                        for ra in range(K):
+                        for ra in range(ka):
                             a = va[t, i, k, ra]
                             if a == zero:
                                 break
-                            for rb in range(K):
+                            for rb in range(kb):
                                 b = vb[t, j, k, rb]
                                 if b == zero:
                                     break
@@ -135,10 +136,19 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
     m, kk = np.shape(a[0])[-2:]
     n = np.shape(b[0])[-1]
     lead = tuple(np.broadcast_shapes(np.shape(a[0])[:-2], np.shape(b[0])[:-2]))
-    stack_a = [np.stack(_flat(a[j * k:(j + 1) * k], lead, (m, kk)), axis=-1) for j in range(3)]
-    stack_b = [np.ascontiguousarray(np.stack(_flat(b[j * k:(j + 1) * k], lead, (kk, n)), axis=-1).transpose(0, 2, 1, 3))
+    ka, kb = _ranks(a, k, zero), _ranks(b, k, zero)  # a lifted partial has one rank: the others are 0̄
+    stack_a = [np.stack(_flat(a[j * k:j * k + ka], lead, (m, kk)), axis=-1) for j in range(3)]
+    stack_b = [np.ascontiguousarray(np.stack(_flat(b[j * k:j * k + kb], lead, (kk, n)), axis=-1).transpose(0, 2, 1, 3))
                for j in range(3)]
-    ov, op, oq = kernels[1](*stack_a, *stack_b, addition == "max", _MULS[multiplication], float(zero))
+    ov, op, oq = kernels[1](*stack_a, *stack_b, k, addition == "max", _MULS[multiplication], float(zero))
     shape = lead + (m, n)
     return (tuple(ov[..., r].reshape(shape) for r in range(k)) + tuple(op[..., r].reshape(shape) for r in range(k))
             + tuple(oq[..., r].reshape(shape) for r in range(k)))
+
+
+def _ranks(value, k: int, zero: float) -> int:
+    """How many leading ranks of a k-best value can hold anything but 0̄."""
+    r = k
+    while r > 1 and np.all(np.asarray(value[r - 1]) == zero):
+        r -= 1
+    return r

@@ -67,7 +67,7 @@ class PointerSemiring(Semiring):
 
     def lift(self, d):
         d = np.asarray(d, dtype=np.float64)
-        return self.base.lift(d), np.full(d.shape, NONE), d
+        return self.base.lift(d), np.broadcast_to(np.float64(NONE), d.shape), d  # (read-only: never written into)
 
     def mul(self, a, b):
         return self.base.mul(a[0], b[0]), np.maximum(a[1], b[1]), a[2] * b[2]
@@ -145,7 +145,7 @@ class PointerSemiring(Semiring):
         else:
             ptr = np.full(v.shape, float(offset))
         v = np.broadcast_to(v, ptr.shape)
-        return v, ptr, np.ones(ptr.shape)
+        return v, ptr, np.broadcast_to(np.float64(1.0), ptr.shape)
 
 
 class KBestPointerSemiring(Semiring):
@@ -210,7 +210,11 @@ class KBestPointerSemiring(Semiring):
 
     def lift(self, d):
         d = np.asarray(d, dtype=np.float64)
-        return self._single(self.base.lift(d), np.full(d.shape, NONE), d)
+        v, shape = self.base.lift(d), d.shape
+        rest = self.k - 1  # read-only views: nothing writes into a lifted value (scatters write into zeros())
+        return ((v,) + (np.broadcast_to(np.float64(self.base.zero), shape),) * rest
+                + (np.broadcast_to(np.float64(NONE), shape),) * self.k
+                + (d,) + (np.broadcast_to(np.float64(0.0), shape),) * rest)
 
     def _only_first(self, value) -> bool:
         zero = self.base.zero
@@ -285,4 +289,4 @@ class KBestPointerSemiring(Semiring):
             ptrs = tuple(np.broadcast_to(ids * k + r, shape) for r in range(k))
         else:
             ptrs = tuple(np.full(shape, float(offset * k + r)) for r in range(k))
-        return tuple(v) + ptrs + tuple(np.ones(shape) for _ in range(k))
+        return tuple(v) + ptrs + (np.broadcast_to(np.float64(1.0), shape),) * k
