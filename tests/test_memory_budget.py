@@ -151,15 +151,14 @@ def test_max_request_operations_counts_a_matmuls_products():
 
 
 def test_best_path_tracing_is_costed_before_it_runs():
-    """A path weighs each edge's dense local Jacobian: x[50] -> sin -> sum has edges of 50 × 50
-    and 1 × 50 elements, 2,550 a path."""
-    per_path = 50 * 50 + 1 * 50
-    engine = Engine(Limits(max_request_operations=100 * per_path))
+    """Paths are read from back-pointers, so their cost is their steps: x[50] -> sin -> sum has
+    paths of 3 steps (x, w, s); max_path_steps bounds the steps of all paths asked for."""
+    engine = Engine(Limits(max_path_steps=100 * 3))
     gid = engine.register(convert.graph_from_proto(graph(
         [inp("x", [50])], [node("w", "sin", "x"), node("s", "sum", "w")], [("y", "s")])))[0].id
-    x = {"x": np.linspace(0, 1, 50)}
+    x = {"x": np.linspace(0.1, 1, 50)}
     result = engine.gradient(gid, x, semiring="max_product", best_paths=[("x", (k % 50,)) for k in range(100)])
-    assert len(result.best_paths) == 100
+    assert len(result.best_paths) == 100 and all(len(p.steps) == 3 for p in result.best_paths)
     with pytest.raises(errors.ResourceExhausted) as info:
         engine.gradient(gid, x, semiring="max_product", best_paths=[("x", (k % 50,)) for k in range(101)])
-    assert "max_request_operations" in str(info.value) and str(101 * per_path) in str(info.value)
+    assert "max_path_steps = 300" in str(info.value) and str(101 * 3) in str(info.value)

@@ -33,6 +33,8 @@ GRADIENT_EXAMPLES = {
     "retain": ["n1"],
     "hooks": [pb.HookAttachment(node="n1", hook="scale", params={"factor": pb.AttrValue(f=2.0)})],
     "semirings": ["real", "entropy"],
+    "best_path_all": True,
+    "top_paths": 10,
 }
 # What the short path honours; any other field set sends a request the general way.
 PLAIN_FIELDS = {"graph_id", "inputs", "wrt", "outputs", "return_outputs", "backend"}

@@ -322,8 +322,9 @@ class RegisteredGraph:
                  outputs: str | Iterable[str] | None = None, return_outputs: bool = False, *,
                  semiring: str | Iterable[str] = "real", semiring_params: Mapping[str, object] | None = None,
                  return_components: bool = False,
-                 best_path: Iterable[tuple[str, Iterable[int]]] | None = None, backend: str = "auto",
-                 retain: str | Iterable[str] | None = None, hooks: Mapping[str, object] | None = None):
+                 best_path: Iterable[tuple[str, Iterable[int]]] | str | None = None, backend: str = "auto",
+                 retain: str | Iterable[str] | None = None, hooks: Mapping[str, object] | None = None,
+                 top_paths: int = 0):
         """Gradients of the outputs with respect to inputs, as :class:`Gradients`
         (a dict ``{input name: gradient}``).
 
@@ -339,7 +340,12 @@ class RegisteredGraph:
         tuple-valued semiring the gradient is its primary component (entropy: H);
         ``return_components=True`` fills ``gradients.components[input][name]`` (entropy: Z, R).
         ``best_path`` lists ``(input name, full index)`` elements (batch dimensions first) whose
-        best path a selective semiring traces into ``gradients.best_paths``. ``backend`` forces an
+        best path a selective semiring traces into ``gradients.best_paths``; ``best_path="all"``
+        asks for every element of every ``wrt`` input (input by input, elements in row-major
+        order of their full index). ``top_paths=k`` returns the k best paths of the whole graph
+        (over every element of every ``wrt`` input), best first, in ``gradients.best_paths``.
+        Paths are read from back-pointers the backward pass records (docs/semirings.md; at most
+        ``max_path_steps`` steps in one answer, docs/limits.md). ``backend`` forces an
         execution backend ("tensor", "scalar", "jit"; default "auto").
 
         ``semiring`` may be a list of names (``["real", "max_product", "entropy"]``): one
@@ -355,7 +361,7 @@ class RegisteredGraph:
         """
         transport = self.client.transport
         if (type(transport) is LocalTransport and not hooks and semiring == "real"
-                and not (seeds or semiring_params or return_components or best_path or retain)):
+                and not (seeds or semiring_params or return_components or best_path or retain or top_paths)):
             arrays = messages.arrays(inputs, self.input_specs)
             if arrays.keys() <= self.input_specs.keys():  # (the hot path: no messages)
                 result = transport.gradient(
@@ -370,7 +376,7 @@ class RegisteredGraph:
         wire, local = attachments(hooks)
         request, tensors = messages.gradient_request(self, inputs, wrt, seeds, outputs, return_outputs, semiring,
                                                      semiring_params, return_components, best_path, backend,
-                                                     retain, wire)
+                                                     retain, wire, top_paths)
         if local:
             fill(request, tensors, None)
             gradients = gradient_with_client_hooks(self.client.transport, request, local)

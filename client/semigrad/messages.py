@@ -56,13 +56,12 @@ def semiring_fields(semiring, semiring_params) -> dict:
 
 def gradient_request(graph: RegisteredGraph, inputs, wrt=None, seeds=None, outputs=None, return_outputs=False,
                      semiring="real", semiring_params=None, return_components=False, best_path=None,
-                     backend="auto", retain=None, hooks=()) -> tuple[pb.GradientRequest, dict]:
+                     backend="auto", retain=None, hooks=(), top_paths=0) -> tuple[pb.GradientRequest, dict]:
     """The request without its tensors, and the tensors by request field (see transport.fill)."""
     fields = {"wrt": names(wrt), "outputs": names(outputs), "return_outputs": return_outputs,
               **semiring_fields(semiring, semiring_params),
               "return_components": return_components,
-              "best_paths": [pb.ElementRef(input=name, index=[int(i) for i in index])
-                             for name, index in best_path or ()],
+              **best_path_fields(best_path), "top_paths": int(top_paths),
               "backend": backend if backend != "auto" else "", "retain": names(retain), "hooks": list(hooks)}
     # Only what differs from the defaults: a small request's time is mostly such steps.
     request = pb.GradientRequest(graph_id=graph.id, **{k: v for k, v in fields.items() if v})
@@ -70,6 +69,15 @@ def gradient_request(graph: RegisteredGraph, inputs, wrt=None, seeds=None, outpu
     if seeds:
         tensors["seeds"] = arrays(seeds, graph.output_specs, "seed for output")
     return request, tensors
+
+
+def best_path_fields(best_path) -> dict:
+    """best_path=: "all", or (input name, full index) pairs."""
+    if isinstance(best_path, str):
+        if best_path != "all":
+            raise ValueError(f'best_path must be "all" or a list of (input, index) pairs, not {best_path!r}')
+        return {"best_path_all": True}
+    return {"best_paths": [pb.ElementRef(input=name, index=[int(i) for i in index]) for name, index in best_path or ()]}
 
 
 def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients | SemiringGradients:

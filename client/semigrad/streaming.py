@@ -106,7 +106,7 @@ def default_chunk_size(batch: Batch, options: Mapping[str, object], target_bytes
 def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_size: int | None,
                   progress: bool | None, options: dict, streams: int = 1) -> Gradients:
     """RegisteredGraph.gradient_many (which documents it)."""
-    for option in ("best_path", "hooks"):
+    for option in ("best_path", "hooks", "top_paths"):
         if options.get(option):
             raise TypeError(f"gradient_many does not take {option}=: use gradient")
     if chunk_size is not None and chunk_size < 1:

@@ -23,6 +23,7 @@ class Limits:
     max_request_seconds: float = 600.0  # the deadline of a request without one, and a bound on every request's
     max_streams: int = 16  # streaming calls served at once per worker (each has a thread of its own)
     max_streams_per_connection: int = 8  # of them from one client connection (channels of a process may share one)
+    max_path_steps: int = 1_000_000  # best-path steps one gradient request may return (bounded before work)
     max_message_bytes: int = 512 * 1024 * 1024  # gRPC send and receive message size
 
     @classmethod

@@ -246,7 +246,7 @@ class EvaluateResponse(_message.Message):
     def __init__(self, outputs: _Optional[_Mapping[str, Tensor]] = ..., nodes: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class GradientRequest(_message.Message):
-    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend", "retain", "hooks", "output_region", "semirings")
+    __slots__ = ("graph_id", "inputs", "wrt", "seeds", "outputs", "return_outputs", "semiring", "semiring_params", "return_components", "best_paths", "backend", "retain", "hooks", "output_region", "semirings", "best_path_all", "top_paths")
     class InputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,8 @@ class GradientRequest(_message.Message):
     HOOKS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_REGION_FIELD_NUMBER: _ClassVar[int]
     SEMIRINGS_FIELD_NUMBER: _ClassVar[int]
+    BEST_PATH_ALL_FIELD_NUMBER: _ClassVar[int]
+    TOP_PATHS_FIELD_NUMBER: _ClassVar[int]
     graph_id: str
     inputs: _containers.MessageMap[str, Tensor]
     wrt: _containers.RepeatedScalarFieldContainer[str]
@@ -298,7 +300,9 @@ class GradientRequest(_message.Message):
     hooks: _containers.RepeatedCompositeFieldContainer[HookAttachment]
     output_region: SharedMemoryRegion
     semirings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ..., retain: _Optional[_Iterable[str]] = ..., hooks: _Optional[_Iterable[_Union[HookAttachment, _Mapping]]] = ..., output_region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ..., semirings: _Optional[_Iterable[str]] = ...) -> None: ...
+    best_path_all: bool
+    top_paths: int
+    def __init__(self, graph_id: _Optional[str] = ..., inputs: _Optional[_Mapping[str, Tensor]] = ..., wrt: _Optional[_Iterable[str]] = ..., seeds: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Iterable[str]] = ..., return_outputs: _Optional[bool] = ..., semiring: _Optional[str] = ..., semiring_params: _Optional[_Mapping[str, AttrValue]] = ..., return_components: _Optional[bool] = ..., best_paths: _Optional[_Iterable[_Union[ElementRef, _Mapping]]] = ..., backend: _Optional[str] = ..., retain: _Optional[_Iterable[str]] = ..., hooks: _Optional[_Iterable[_Union[HookAttachment, _Mapping]]] = ..., output_region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ..., semirings: _Optional[_Iterable[str]] = ..., best_path_all: _Optional[bool] = ..., top_paths: _Optional[int] = ...) -> None: ...
 
 class HookAttachment(_message.Message):
     __slots__ = ("node", "hook", "kind", "params", "client")

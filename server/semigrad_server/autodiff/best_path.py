@@ -1,26 +1,32 @@
-"""Best paths under a selective semiring: from an input element to an output element.
+"""Best paths under a selective semiring, read by following back-pointers.
 
-With ⊕ selective (max/min-like), the adjoint of every element is the value of its best
-path. Starting at the input element, each step follows the out-edge whose φ(partial) ⊗
-adjoint(consumer element) reproduces that best value. Candidates are ordered: reaching a
-differentiated output first, then consumers in graph order, operand position, and element
-index, and only a strictly better candidate replaces an earlier one (tie-break: smallest index).
+The backward pass runs under `semiring.pointers.PointerSemiring` (with `PointerContext`):
+every element's accumulated adjoint carries, beside its value, the id of the consumer
+element its best path steps to next (or the output's pointer, 0, where the path ends) and
+the real partial of that edge. Each op's own semiring adjoint records its winners, since
+every ⊕ it makes keeps the winner's pointer (tie-break: the value ⊕ returns, then the
+smaller id: the output first, then consumers in graph order, then element index).
 
-Local partials of each consumer come from its dense Jacobian (local_jacobian.py).
+A path is then read by following pointers: O(path length) per path, no local Jacobian,
+batched over batch items and requested elements (one NumPy gather per node and step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
-from ..deadline import check
 from .. import ir
-from ..errors import InvalidArgument, quoted
+from ..deadline import check
+from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..runtime.outputs import OutputKey
-from .local_jacobian import local_jacobian
+from ..semiring.pointers import OUTPUT
 from .reverse import BackwardGraph
+
+ALL = "all"  # best_path="all": every element of every differentiated input
+MAX_TOP_PATHS = 64  # top_paths=k: at most this k (the k-best carrier holds 3k arrays per value)
 
 
 @dataclass
@@ -32,81 +38,191 @@ class BestPathResult:
     value: dict[str, float] = field(default_factory=dict)
 
 
-def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
-    """`results`: the backward plan's, with every adjoint, seed and forward value (OutputKey)."""
-    nb = len(batch.shape)
+def longest_steps(cg, wrt: Sequence[str]) -> dict[str, int]:
+    """Per input: the most steps a path from one of its elements can have (1 + the longest
+    chain of nodes from it to an output), read from the graph's structure alone."""
     consumers = ir.consumers_of(cg.order)
-    nodes = cg.graph.node_map()
-    output_names: dict[str, str] = {}
-    for name, ref in backward.outputs.items():
-        output_names.setdefault(ref, name)
+    outputs = set(cg.graph.output_map.values())
+    hops: dict[str, int] = {}
+    for node in reversed(cg.order):
+        after = [hops[c] for c, _ in consumers.get(node.id, ()) if c in hops]
+        if after or node.id in outputs:
+            hops[node.id] = 1 + max(after, default=0)
+    out = {}
+    for x in wrt:
+        after = [hops[c] for c, _ in consumers.get(x, ()) if c in hops]
+        out[x] = 1 + max(after, default=0)
+    return out
 
-    def item(value, ref, b):
-        shape = batch.shape + cg.types[ref].shape
-        return s.map(lambda c: np.broadcast_to(c, shape)[b].reshape(-1), value)
 
-    def forward_value(ref, b):
-        value = batch.arrays[ref] if ref in batch.arrays else results[OutputKey.value(ref)]
-        return np.broadcast_to(value, batch.shape + cg.types[ref].shape)[b]
+def check_path_steps(cg, wrt: Sequence[str], requests, batch_size: int, max_steps: int) -> None:
+    """RESOURCE_EXHAUSTED, before any work, unless the paths asked for can have at most
+    `max_steps` steps in all (each path: 1 + the longest chain from its input to an output)."""
+    longest = longest_steps(cg, wrt)
+    if requests == ALL:
+        per_input = {x: batch_size * cg.types[x].size for x in wrt}
+    else:
+        per_input = {}
+        for name, _ in requests:
+            per_input[name] = per_input.get(name, 0) + 1
+    steps = sum(n * longest.get(x, 1) for x, n in per_input.items())
+    if steps > max_steps:
+        what = ", ".join(f"{quoted(x)} {n} paths of up to {longest.get(x, 1)} steps" for x, n in per_input.items())
+        raise ResourceExhausted(f"the best paths asked for could return up to {steps} path steps ({what}); the limit "
+                                f"is max_path_steps = {max_steps}: ask for fewer paths or a smaller batch")
 
-    paths = []
-    for name, index in requests:
+
+def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """(input, flat batch items, flat elements, positions in the answer) of every requested start,
+    one group per input (`requests`: (input, full index) pairs, or ALL: every element of every
+    differentiated input, input by input in row-major order of the full index)."""
+    nb = len(batch.shape)
+    items = int(np.prod(batch.shape, dtype=np.int64))
+    if requests == ALL:
+        groups, at = [], 0
+        for x in backward.gradients:
+            size = cg.types[x].size
+            b, e = np.divmod(np.arange(items * size, dtype=np.int64), size)
+            groups.append((x, b, e, np.arange(at, at + b.size)))
+            at += b.size
+        return groups
+    by_input: dict[str, tuple[list, list, list]] = {}
+    for position, (name, index) in enumerate(requests):
+        if position % 4096 == 0:
+            check("reading the best paths asked for")
         if name not in backward.gradients:
             raise InvalidArgument(f"best path requested from {quoted(name)}, which is not a differentiated input "
                                   f"(wrt: {', '.join(backward.gradients)})")
-        full_shape = batch.shape + cg.types[name].shape
+        shape = cg.types[name].shape
+        full_shape = batch.shape + shape
         if len(index) != len(full_shape) or not all(-d <= i < d for i, d in zip(index, full_shape)):
             raise InvalidArgument(f"best path index {list(index)} does not address an element of input '{name}' "
                                   f"(shape {list(full_shape)}, batch dimensions first)")
         index = tuple(i % d for i, d in zip(index, full_shape))
-        b, element = index[:nb], index[nb:]
-        result = BestPathResult(name, index)
-        paths.append(result)
-        if name not in backward.adjoints:
-            result.value = _read_scalar(s, s.zeros(()))
+        bs, es, ps = by_input.setdefault(name, ([], [], []))
+        bs.append(int(np.ravel_multi_index(index[:nb], batch.shape)) if nb else 0)
+        es.append(int(np.ravel_multi_index(index[nb:], shape)) if shape else 0)
+        ps.append(position)
+    return [(x, np.array(bs, dtype=np.int64), np.array(es, dtype=np.int64), np.array(ps))
+            for x, (bs, es, ps) in by_input.items()]
+
+
+def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
+    """The best path from each requested start, in request order (`s`: the PointerSemiring the
+    plan ran under; `results`: the plan's, with every node's adjoint under OutputKey.adjoint)."""
+    walker = _Walker(cg, backward, s, results, batch, 1)
+    groups = start_elements(cg, backward, batch, requests)
+    paths: list = [None] * sum(len(g[3]) for g in groups)
+    zero = s.base.zeros(())
+    for x, b, e, positions in groups:
+        mine = [BestPathResult(x, index) for index in walker.full_indices(x, b, e)]
+        for position, p in zip(positions.tolist(), mine):
+            paths[position] = p
+        if backward.gradients.get(x) is None:
+            for p in mine:
+                p.value = {key: float(v) for key, v in s.base.read(zero).items()}
             continue
-        start = _pick(s, item(results[OutputKey.adjoint(name)], name, b), _flat(element, cg.types[name].shape))
-        result.value = _read_scalar(s, start)
-        if np.all(s.equal(start, s.zeros(()), rtol=0, atol=0)):
-            continue  # no path with a non-zero product
-        ref, flat = name, _flat(element, cg.types[name].shape)
-        result.steps.append((ref, element, 1.0))
-        while True:
-            check(f"tracing the best path from {name}{list(index)}, at node '{ref}'")
-            best = None  # (value, next ref, next flat index, partial); next ref None: the output itself
-            if ref in output_names:
-                best = (_pick(s, item(results[OutputKey.seed(ref)], ref, b), flat), None, flat, 1.0)
-            for consumer, pos in consumers.get(ref, ()):
-                if consumer not in backward.adjoints:
-                    continue
-                node = nodes[consumer]
-                operands = [forward_value(r, b) for r in node.inputs]
-                column = local_jacobian(cg, node, pos, operands)[:, flat]
-                hits = np.flatnonzero(column)
-                if hits.size == 0:
-                    continue
-                adjoint = item(results[OutputKey.adjoint(consumer)], consumer, b)
-                values = s.mul(s.lift(column[hits]), s.map(lambda c: c[hits], adjoint))
-                top = s.sum(values, axis=(-1,), keepdims=True)
-                first = int(np.argmax(s.equal(values, top)))
-                candidate = (_pick(s, values, first), consumer, int(hits[first]), float(column[hits[first]]))
-                if best is None or not np.all(s.equal(s.add(best[0], candidate[0]), best[0])):
-                    best = candidate
-            if best is None or best[1] is None:
-                result.output = output_names.get(ref, "")
-                break
-            _, ref, flat, partial = best
-            result.steps.append((ref, tuple(int(i) for i in np.unravel_index(flat, cg.types[ref].shape)), partial))
+        value, ptr, partial = walker.read(results[OutputKey.gradient(x)], x, b, e)
+        for key, arr in s.base.read(value).items():
+            for p, v in zip(mine, np.asarray(arr).tolist()):
+                p.value[key] = float(v)
+        alive = ~np.asarray(s.base.equal(value, zero, rtol=0, atol=0)) & (ptr >= 0)
+        here = np.nonzero(alive)[0]
+        walker.follow([mine[i] for i in here.tolist()], b[here], ptr[here], partial[here])
     return paths
 
 
-def _flat(element: tuple, shape: tuple) -> int:
-    return int(np.ravel_multi_index(element, shape)) if shape else 0
+def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> list[BestPathResult]:
+    """The k best paths of the whole graph, best first (`s`: the KBestPointerSemiring the plan
+    ran under). Equal values: the earlier input (wrt order), batch item, element, then rank."""
+    walker = _Walker(cg, backward, s, results, batch, k)
+    items = int(np.prod(batch.shape, dtype=np.int64))
+    zero = s.base.zero
+    found = []  # (values, ptrs, partials, input number, batch items, elements), flattened with rank last
+    for number, (x, ref) in enumerate(backward.gradients.items()):
+        if ref is None:
+            continue
+        size = cg.types[x].size
+        b, e = np.divmod(np.arange(items * size, dtype=np.int64), size)
+        value = walker.read(results[OutputKey.gradient(x)], x, b, e)
+        v, p, q = (np.stack(value[j * k:(j + 1) * k], axis=-1).reshape(-1) for j in range(3))
+        found.append((v, p, q, np.full(v.shape, number), np.repeat(b, k), np.repeat(e, k)))
+    if not found:
+        return []
+    v, p, q, number, b, e = (np.concatenate(parts) for parts in zip(*found))
+    rank = np.tile(np.arange(k), v.size // k)
+    real = (v != zero) & (p >= 0)
+    sign = 1.0 if s.base.addition == "max" else -1.0
+    order = np.flatnonzero(real)[np.lexsort((rank[real], e[real], b[real], number[real], -sign * v[real]))][:k]
+    names = list(backward.gradients)
+    paths = [BestPathResult(names[number[i]], walker.full_index(names[number[i]], int(b[i]), int(e[i])),
+                            value={key: float(np.asarray(val).reshape(-1)[0])
+                                   for key, val in s.base.read(np.array([v[i]])).items()})
+             for i in order.tolist()]
+    walker.follow(paths, b[order], p[order], q[order])
+    return paths
 
 
-def _pick(s, value, i: int):
-    return s.map(lambda c: c[..., i], value)
+class _Walker:
+    """Follows back-pointers (`id · k + rank`) through the adjoints of a pointer plan's results."""
 
+    def __init__(self, cg, backward: BackwardGraph, s, results, batch, k: int):
+        self.cg, self.s, self.results, self.batch, self.k = cg, s, results, batch, k
+        offsets = backward.context.offsets
+        self.names = list(offsets)
+        self.starts = np.array([offsets[n] for n in self.names], dtype=np.float64)
+        self.output_names: dict[str, str] = {}
+        for name, ref in backward.outputs.items():
+            self.output_names.setdefault(ref, name)
 
-def _read_scalar(s, value) -> dict[str, float]:
-    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in s.read(s.map(np.atleast_1d, value)).items()}
+    def full_indices(self, ref: str, b: np.ndarray, e: np.ndarray) -> list[tuple[int, ...]]:
+        """Full indices (batch dimensions first) of flat batch items b, flat elements e (vectorised)."""
+        shape, batch = self.cg.types[ref].shape, self.batch.shape
+        parts = (list(np.unravel_index(b, batch)) if batch else []) + (list(np.unravel_index(e, shape)) if shape else [])
+        if not parts:
+            return [()] * len(b)
+        return [tuple(row) for row in np.stack(parts, axis=-1).tolist()]
+
+    def full_index(self, ref: str, b: int, e: int) -> tuple[int, ...]:
+        shape, batch = self.cg.types[ref].shape, self.batch.shape
+        return (tuple(int(i) for i in np.unravel_index(b, batch)) if batch else ()) + \
+            (tuple(int(i) for i in np.unravel_index(e, shape)) if shape else ())
+
+    def read(self, value, ref: str, b: np.ndarray, e: np.ndarray) -> tuple:
+        """Every component of node `ref`'s adjoint at flat batch items b, flat elements e."""
+        shape, batch = self.cg.types[ref].shape, self.batch.shape
+        where = (np.unravel_index(b, batch) if batch else ()) + (np.unravel_index(e, shape) if shape else ())
+        return tuple(np.broadcast_to(np.broadcast_to(c, batch + shape)[where], np.shape(b)) for c in value)
+
+    def follow(self, paths: list[BestPathResult], b: np.ndarray, ptr: np.ndarray, partial: np.ndarray) -> None:
+        """Append every step of each path (started at its input element, whose adjoint holds
+        `ptr` and `partial` at batch item `b`), one gather per node and step for all paths."""
+        k, nb = self.k, len(self.batch.shape)
+        for p in paths:
+            p.steps.append((p.input, p.index[nb:], 1.0))
+        here = np.arange(len(paths))
+        at = np.full(len(paths), -1)  # index into names of the node each path is at (-1: its input)
+        while here.size:
+            check("tracing best paths")
+            ids, rank = np.divmod(ptr, k)
+            ended = ids == OUTPUT
+            for i, n in zip(here[ended].tolist(), at[ended].tolist()):
+                paths[i].output = self.output_names.get(paths[i].input if n < 0 else self.names[n], "")
+            go = ~ended & (ptr > 0)
+            here, b, ids, rank, partial = here[go], b[go], ids[go], rank[go].astype(np.int64), partial[go]
+            node = np.searchsorted(self.starts, ids, side="right") - 1
+            flat = (ids - self.starts[node]).astype(np.int64)
+            ptr, nxt_partial = np.empty(here.shape), np.empty(here.shape)
+            for n in np.unique(node).tolist():
+                sel = np.flatnonzero(node == n)
+                ref = self.names[n]
+                comps = self.read(self.results[OutputKey.adjoint(ref)], ref, b[sel], flat[sel])
+                r = rank[sel]
+                rows = np.arange(sel.size)
+                ptr[sel] = np.stack(comps[k:2 * k], axis=-1)[rows, r]
+                nxt_partial[sel] = np.stack(comps[2 * k:], axis=-1)[rows, r]
+                shape = self.cg.types[ref].shape
+                elems = np.stack(np.unravel_index(flat[sel], shape), axis=-1).tolist() if shape else [[]] * sel.size
+                for i, el, q in zip(here[sel].tolist(), elems, partial[sel].tolist()):
+                    paths[i].steps.append((ref, tuple(el), q))
+            at, partial = node, nxt_partial

@@ -43,6 +43,15 @@ class AdjointContext:
         """Emit an op whose value is an adjoint, as its operands are (a hook on the backward pass)."""
         return self.emit(op, inputs, **attrs)
 
+    # -- what the walk hands on (back-pointers stamp adjoints here: autodiff.best_path)
+    def at_output(self, ref: str, seed: str) -> str:
+        """The seed of output node `ref` as it enters the backward pass."""
+        return seed
+
+    def passed_on(self, ref: str, g: str) -> str:
+        """The accumulated adjoint of `ref` as its adjoint rule receives it."""
+        return g
+
     # -- derivative formulas
     def edge(self, partial: sp.Expr, env: dict, g: str) -> str | None:
         """φ(partial) ⊗ g for a SymPy partial whose symbols are bound to node ids in `env`."""
@@ -281,3 +290,24 @@ class SemiringContext(AdjointContext):
 
     def seed(self, seed_input):
         return self._sr("sr_lift", [seed_input])
+
+
+class PointerContext(SemiringContext):
+    """A semiring context for `semiring.pointers.PointerSemiring`: every accumulated adjoint
+    is stamped with its own element ids before its node's adjoint rule receives it, and every
+    seed with the output's pointer, so each ⊕ records which consumer element won. Ids grow
+    with graph order, then element index (`offsets`: node id -> id of its element 0)."""
+
+    def __init__(self, builder: GraphBuilder, semiring):
+        super().__init__(builder, semiring)
+        self.offsets: dict[str, int] = {}
+        start = 1  # 0: an output's seed
+        for node in builder.nodes:  # the forward graph, in order
+            self.offsets[node.id] = start
+            start += self.type(node.id).size
+
+    def at_output(self, ref, seed):
+        return self._sr("sr_tag", [seed], offset=0, each=False)
+
+    def passed_on(self, ref, g):
+        return self._sr("sr_tag", [g], offset=self.offsets[ref], each=True)

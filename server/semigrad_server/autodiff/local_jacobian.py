@@ -1,6 +1,7 @@
 """One node's local Jacobian with respect to one operand, by the real reverse mode of that node
-alone with one-hot seeds (one vectorised call): what best paths, path enumeration and
-localisation read each edge's partials from."""
+alone with one-hot seeds (one vectorised call): what brute-force path enumeration and
+localisation read each edge's partials from (each bounds its size first: symbolic/paths.py,
+symbolic/localise.py). Best paths no longer use it: they follow back-pointers (best_path.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ir
-from ..errors import ResourceExhausted
 from ..ir import Graph, InputSpec, Node
 from ..runtime import Plan
 from .reverse import reverse
 
-MAX_JACOBIAN_ELEMENTS = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -36,9 +35,6 @@ def local_jacobian(cg, node: Node, pos: int, operands: list[np.ndarray]) -> np.n
     `cg`: the registered graph (its plans cache the node's plan)."""
     out_type = cg.types[node.id]
     in_type = cg.types[node.inputs[pos]]
-    if out_type.size * in_type.size > MAX_JACOBIAN_ELEMENTS:
-        raise ResourceExhausted(f"best path through node '{node.id}' needs a {out_type.size}×{in_type.size} "
-                                f"local Jacobian; the limit is {MAX_JACOBIAN_ELEMENTS} elements")
     compiled = cg.plans.get(LocalJacobianKey(node.id, pos), lambda: _jacobian_plan(cg, node, pos))
     inputs = {f"in{k}": np.asarray(v) for k, v in enumerate(operands)}
     if compiled.seed_input is not None:

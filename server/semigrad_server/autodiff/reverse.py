@@ -18,7 +18,7 @@ from ..ir import Graph, Node, Type
 from ..ops import REGISTRY, Registry
 from .builder import GraphBuilder
 from ..ops.semiring_ops import semiring_registry
-from .context import AdjointContext, RealContext, SemiringContext
+from .context import AdjointContext, PointerContext, RealContext, SemiringContext
 
 @dataclass
 class BackwardGraph:
@@ -37,7 +37,8 @@ def semiring_setup(base: Registry, semiring) -> tuple[Registry, Callable[[GraphB
     for the real semiring (so the result can be differentiated again), semiring ops otherwise."""
     if semiring.name == "real":
         return base, RealContext
-    return semiring_registry(base, semiring), functools.partial(SemiringContext, semiring=semiring)
+    context = PointerContext if hasattr(semiring, "tag") else SemiringContext  # back-pointers (best paths)
+    return semiring_registry(base, semiring), functools.partial(context, semiring=semiring)
 
 
 def active_nodes(graph: Graph, order: Sequence[Node], types: dict[str, Type],
@@ -83,6 +84,7 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
             seed = ctx.seed(seed_inputs[name])
         else:
             seed = ctx.one(t)
+        seed = ctx.at_output(ref, seed)
         pending.setdefault(ref, []).append((("output:" + name, 0), seed))
         seeds[ref] = seed if ref not in seeds else ctx.add(seeds[ref], seed)
 
@@ -94,6 +96,7 @@ def reverse(graph: Graph, order: Sequence[Node], types: dict[str, Type], *, outp
         positions = [pos for pos, ref in enumerate(node.inputs) if ref in active]
         if not positions:
             continue
+        g = ctx.passed_on(node.id, g)
         op = builder.ops[node.id]
         if op.vjp is None:
             semiring = getattr(getattr(ctx, "semiring", None), "name", "real")

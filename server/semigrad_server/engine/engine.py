@@ -14,8 +14,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir, telemetry
+from ..autodiff.best_path import MAX_TOP_PATHS, check_path_steps, longest_steps, trace_best_paths, trace_top_paths
 from ..deadline import interruptibly
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, quoted
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, quoted
 from ..hooks import run as hooks_run
 from ..hooks.loader import HookRegistry
 from ..hooks.loader import default_registry as default_hooks
@@ -26,9 +27,10 @@ from ..runtime.allocation import results_in
 from ..runtime.compiled import compile_executable
 from ..runtime.outputs import OutputKey
 from ..semiring.loader import SemiringRegistry, default_registry
+from ..semiring.pointers import KBestPointerSemiring, PointerSemiring
 from ..store import GraphStore, LruCache, MemoryGraphStore, Quota
 from . import tenancy
-from .execution import MemoryBudget, check_best_path_work, check_work, checked_backend, compile_kind, run_plan
+from .execution import MemoryBudget, check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
 from .graphs import Batch, CompiledGraph, compile_graph
 from .remembered import CheckedGradient, result_slot
@@ -105,16 +107,21 @@ class Engine:
                  semiring_params: Mapping[str, object] | None = None, return_components: bool = False,
                  best_paths: Sequence[tuple[str, tuple[int, ...]]] = (), deadline: float | None = None,
                  backend: str = "auto", retain: Sequence[str] = (), hooks: Sequence[HookRequest] = (),
-                 hook_run: HookRun | None = None, semirings: Sequence[str] = ()) -> GradientResult:
+                 hook_run: HookRun | None = None, semirings: Sequence[str] = (), top_paths: int = 0) -> GradientResult:
         """Gradients (under `semiring`) of the outputs w.r.t. `wrt` (see GradientSpec).
 
         `retain`: intermediate nodes whose gradients come back too. `hooks`: hook attachments;
         client hooks call `hook_run.client`. `semirings`: several semirings at once (one forward
-        pass, one backward walk), each result in `result.semirings[name]`."""
+        pass, one backward walk), each result in `result.semirings[name]`. `best_paths`: (input,
+        full index) pairs, or "all" (every element of every wrt input); `top_paths`: the k best
+        paths of the whole graph."""
+        if isinstance(best_paths, str):
+            best_paths = best_paths if best_paths == "all" else (best_paths,)  # a bad value is refused by name later
         spec = GradientSpec(graph_id, inputs, tuple(wrt), tuple(outputs), seeds, return_outputs, semiring or "real",
-                            semiring_params, return_components, tuple(best_paths) if best_paths else (),
+                            semiring_params, return_components,
+                            best_paths if isinstance(best_paths, str) else tuple(best_paths or ()),
                             backend or "auto", tuple(retain) if retain else (), tuple(hooks) if hooks else (),
-                            tuple(semirings))
+                            tuple(semirings), int(top_paths))
         return self.run_gradient(spec, deadline, hook_run)
 
     # ------------------------------------------------------------ requests
@@ -152,7 +159,7 @@ class Engine:
         return None if checked is None else self.plain_gradient(checked, inputs, deadline, backend)
 
     def run_gradient(self, spec: GradientSpec, deadline: float | None = None,
-                     hook_run: HookRun | None = None, semirings: Sequence[str] = ()) -> GradientResult:
+                     hook_run: HookRun | None = None, semirings: Sequence[str] = (), top_paths: int = 0) -> GradientResult:
         memo = None
         if spec.is_plain:
             result = self.remembered_gradient(spec.graph_id, spec.inputs, spec.wrt, spec.outputs, spec.return_outputs,
@@ -169,7 +176,7 @@ class Engine:
             if spec.semiring not in ("", "real"):
                 raise InvalidArgument(f"both semiring {quoted(spec.semiring)} and a list of semirings given: "
                                       "put every semiring in the list")
-            if spec.best_paths:
+            if spec.best_paths or spec.top_paths:
                 raise FailedPrecondition("best paths are traced under one semiring: ask for them in a request of their "
                                          f"own, not with several semirings ({', '.join(spec.semirings)})")
             s = self.semirings.product(spec.semirings, spec.semiring_params)
@@ -193,18 +200,31 @@ class Engine:
                                       f"(differentiated: {', '.join(names)})")
         if spec.best_paths and not s.selective:
             raise FailedPrecondition(f"best paths need a selective semiring (max/min-like); '{s.name}' is not")
-        if spec.best_paths:
-            check_best_path_work(cg, len(spec.best_paths), self.limits)
         batch = cg.batch(spec.inputs)
+        plan_semiring = s
+        if spec.top_paths:
+            plan_semiring = self._top_paths_semiring(s, spec)
+            longest = max(longest_steps(cg, wrt).values(), default=1)
+            if spec.top_paths * longest > self.limits.max_path_steps:
+                raise ResourceExhausted(f"top_paths = {spec.top_paths} could return up to {spec.top_paths * longest} "
+                                        f"path steps ({longest} a path); the limit is max_path_steps = "
+                                        f"{self.limits.max_path_steps}: ask for fewer paths")
+        elif spec.best_paths:
+            try:
+                plan_semiring = PointerSemiring(s)
+            except ValueError as e:
+                raise FailedPrecondition(str(e)) from None
+            check_path_steps(cg, wrt, spec.best_paths, int(np.prod(batch.shape, dtype=np.int64)),
+                             self.limits.max_path_steps)
         seeded = tuple(sorted(seeds))
         shape = batch.shape
         for name in seeded:
             seeds[name], shape = checked_seed(cg, name, seeds[name], shape)
             cg.check_rank(shape, f"the seed for output {quoted(name)}")
 
-        key = GradientPlanKey(s.key, tuple(names), tuple(wrt), seeded, spec.return_outputs, bool(spec.best_paths),
+        key = GradientPlanKey(plan_semiring.key, tuple(names), tuple(wrt), seeded, spec.return_outputs, bool(spec.best_paths or spec.top_paths),
                               compile_kind(backend), spec.retain, tuple(slot_key(slot) for slot in slots))
-        compiled = cg.plans.get(key, lambda: interruptibly("compiling the gradient", compile_gradient, cg, s, key,
+        compiled = cg.plans.get(key, lambda: interruptibly("compiling the gradient", compile_gradient, cg, plan_semiring, key,
                                                            backend, slots))
         if seeded:
             seed_inputs = compiled.backward.seed_inputs
@@ -222,7 +242,7 @@ class Engine:
             return self.plain_gradient(checked, batch.arrays, deadline, backend)
         run = hook_run or HookRun()
         # Best paths read every adjoint and value: scratch, not results for a caller's region.
-        with results_in(None) if spec.best_paths else contextlib.nullcontext():
+        with results_in(None) if spec.best_paths or spec.top_paths else contextlib.nullcontext():
             if slots:
                 token = hooks_run.CURRENT.set(run)
                 try:
@@ -231,7 +251,29 @@ class Engine:
                     hooks_run.CURRENT.reset(token)
             else:
                 results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
-        return gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
+        paths = []
+        if spec.best_paths or spec.top_paths:
+            paths = (trace_top_paths(cg, compiled.backward, plan_semiring, results, batch, spec.top_paths)
+                     if spec.top_paths else
+                     trace_best_paths(cg, compiled.backward, plan_semiring, results, batch, spec.best_paths))
+            results = {k: plan_semiring.value_of(v) if isinstance(v, tuple) else v for k, v in results.items()}
+        result = gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
+        result.best_paths = paths
+        return result
+
+    def _top_paths_semiring(self, s, spec: GradientSpec):
+        """The k-best back-pointer semiring of a top_paths request over the request's semiring
+        (a max- or min-ordered one; "kbest" ranks by max_product, as its values do)."""
+        k = spec.top_paths
+        if spec.best_paths:
+            raise InvalidArgument("top_paths and best_path both given: ask for one kind of path per request")
+        if not 1 <= k <= MAX_TOP_PATHS:
+            raise InvalidArgument(f"top_paths must be between 1 and {MAX_TOP_PATHS}, got {k}")
+        base = self.semirings.get("max_product", None) if s.name == "kbest" else s
+        try:
+            return KBestPointerSemiring(base, k)
+        except ValueError as e:
+            raise FailedPrecondition(str(e)) from None
 
     def plain_gradient(self, checked: CheckedGradient, inputs: Mapping[str, np.ndarray], deadline: float | None,
                        backend: str) -> GradientResult:

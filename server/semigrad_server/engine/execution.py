@@ -68,18 +68,6 @@ def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> int:
     return needed
 
 
-def check_best_path_work(cg, paths: int, limits: Limits) -> None:
-    """RESOURCE_EXHAUSTED unless tracing `paths` best paths is within max_request_operations: a
-    path reads the dense local Jacobian of each edge it weighs, at most every edge of the graph
-    (output elements × operand elements each)."""
-    per_path = sum(cg.types[node.id].size * cg.types[ref].size for node in cg.order for ref in node.inputs)
-    operations = paths * max(per_path, 1)
-    if operations > limits.max_request_operations:
-        raise ResourceExhausted(
-            f"tracing {paths} best paths would read up to {operations} local Jacobian elements ({max(per_path, 1)} a "
-            f"path); the limit is max_request_operations = {limits.max_request_operations}: ask for fewer paths")
-
-
 class MemoryBudget:
     """The memory a worker's requests in flight may hold together (their estimates, reserved
     before they run): past it a request is RESOURCE_EXHAUSTED instead of pushing the worker

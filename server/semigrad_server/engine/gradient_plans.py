@@ -30,7 +30,7 @@ class GradientPlanKey:
     wrt: tuple[str, ...]
     seeded: tuple[str, ...]  # outputs whose cotangent the request gives
     return_outputs: bool
-    keep_all: bool  # every adjoint, seed and forward value too (best paths read them)
+    pointers: bool  # under semiring.pointers.PointerSemiring, with every node's adjoint (best paths read them)
     compile_kind: str
     retain: tuple[str, ...]
     hooks: tuple[tuple, ...]  # slot_key of each hook slot
@@ -51,24 +51,22 @@ def compile_gradient(cg: CompiledGraph, s, key: GradientPlanKey, backend: str,
         for index, slot in enumerate(slots):
             attached.setdefault(slot.node, []).append((slot.kind, index))
     graph, order = cg.graph, cg.order
-    if not key.keep_all:  # best paths name the user's own nodes: they see the graph as written
+    if not key.pointers:  # best paths name the user's own nodes: they see the graph as written
         graph, order = computed_graph(cg, pinned=frozenset(key.retain) | {slot.node for slot in slots})
     bg = reverse(graph, order, cg.types, outputs=key.outputs, wrt=key.wrt, seeded=key.seeded, context=context,
                  registry=registry, hooks=attached)
     outputs = [(OutputKey.gradient(x), ref) for x, ref in bg.gradients.items() if ref is not None]
     outputs += [(OutputKey.adjoint(ref), bg.adjoints[ref]) for ref in key.retain if ref in bg.adjoints]
-    if key.return_outputs or key.keep_all:
+    if key.return_outputs:
         outputs += [(OutputKey.output(n), ref) for n, ref in bg.outputs.items()]
-    if key.keep_all:
+    if key.pointers:
         outputs += [(OutputKey.adjoint(ref), adj) for ref, adj in bg.adjoints.items()]
-        outputs += [(OutputKey.seed(ref), seed) for ref, seed in bg.seeds.items()]
-        outputs += [(OutputKey.value(n.id), n.id) for n in cg.order]
     plan = compile_executable(
         bg.graph, bg.graph.nodes, bg.types, list(dict.fromkeys(outputs)), registry=registry,
         attrs=bg.context.builder.attrs,
         map_components=bg.context.structural_on_values() if s.components > 1 else frozenset(),
         semiring_values=frozenset(bg.context.valued),
-        semiring=None if s.name == "real" else s, backend="tensor" if key.keep_all else backend)
+        semiring=None if s.name == "real" else s, backend="tensor" if key.pointers else backend)
     return CompiledGradient(plan, bg)
 
 

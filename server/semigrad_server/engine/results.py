@@ -9,7 +9,6 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir
-from ..autodiff.best_path import trace_best_paths
 from ..autodiff.reverse import BackwardGraph
 from ..ir import Type
 from ..ops.hook_ops import HookSlot
@@ -42,7 +41,7 @@ def gradient_result(cg, s, spec, backward: BackwardGraph, results: Mapping, batc
                     names: Sequence[str], slots: Sequence[HookSlot], records: Mapping) -> GradientResult:
     """A general gradient request's result from its plan's `results` (and the hooks' `records`):
     gradients (semiring values read back, with their components if asked), forward values,
-    retained adjoints, hook records, best paths."""
+    retained adjoints, hook records (best paths: the engine's)."""
     result = GradientResult()
     members, split = getattr(s, "members", None), getattr(s, "split", None)  # a ProductSemiring: several in one walk
     if not members and spec.semirings:  # a list of one semiring: still answered by name
@@ -76,8 +75,6 @@ def gradient_result(cg, s, spec, backward: BackwardGraph, results: Mapping, batc
             for name, v in recorded.items():
                 for m, part, into in parts(v):
                     into.records.setdefault(slot.key, {})[name] = readback(m, part, batch.shape + slot.shape)
-    if spec.best_paths:
-        result.best_paths = trace_best_paths(cg, backward, s, results, batch, spec.best_paths)
     return result
 
 

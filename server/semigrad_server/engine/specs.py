@@ -43,11 +43,12 @@ class GradientSpec:
     semiring: str = "real"  # "" also means real (gRPC's default)
     semiring_params: Mapping[str, object] | None = None
     return_components: bool = False
-    best_paths: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (input, full element index)
+    best_paths: tuple[tuple[str, tuple[int, ...]], ...] | str = ()  # (input, full element index) pairs, or "all"
     backend: str = "auto"
     retain: tuple[str, ...] = ()  # nodes whose adjoints come back too
     hooks: tuple[HookRequest, ...] = ()
     semirings: tuple[str, ...] = ()  # several semirings in one backward walk (then `semiring` is "real" or "")
+    top_paths: int = 0  # the k best paths of the whole graph (k-best back-pointers)
 
     @property
     def is_plain(self) -> bool:
@@ -56,4 +57,4 @@ class GradientSpec:
         has passed the checks (tests/test_request_specs.py holds this to the proto's fields)."""
         return self.semiring in ("real", "") and not (self.seeds or self.semiring_params or self.return_components
                                                 or self.best_paths or self.retain or self.hooks
-                                                or self.semirings)
+                                                or self.semirings or self.top_paths)

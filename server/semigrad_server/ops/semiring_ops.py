@@ -241,6 +241,14 @@ def _bind(base: Registry, s) -> Registry:
         OpDef("sr_ones", "semiring", (), lambda n, t, a: _value_type(a["shape"]), ones_kernel,
               attrs=(AttrSpec("shape", "ints", required=True),), doc="1̄ of `shape`", expand=_ones_expand),
     ]
+    if hasattr(s, "tag"):  # back-pointers (semiring.pointers): adjoints stamped with their element ids
+        def tag_kernel(attrs, in_types, out_type):
+            offset, each, shape = attrs["offset"], attrs["each"], out_type.shape
+            return lambda v: s.tag(v, offset, shape, each)
+
+        ops.append(OpDef("sr_tag", "semiring", ("x",), lambda n, t, a: _value_type(t[0].shape), tag_kernel,
+                         attrs=(AttrSpec("offset", "int", required=True), AttrSpec("each", "bool", default=True)),
+                         doc="x with its back-pointers set to its own element ids (offset + flat index)"))
     for op in ops:
         op.internal = True
         op.bound = s

@@ -148,9 +148,17 @@ def gradient_spec(request: pb.GradientRequest, shared: Session | None = None) ->
         tuple(request.outputs), tensors_to_arrays(request.seeds, "seed", shared) if request.seeds else None,
         request.return_outputs, request.semiring or "real",
         params_from_proto(request.semiring_params) if request.semiring_params else None, request.return_components,
-        tuple((ref.input, tuple(ref.index)) for ref in request.best_paths) if request.best_paths else (),
-        request.backend or "auto", tuple(request.retain), hooks_from_proto(request.hooks) if request.hooks else (),
-        tuple(request.semirings))
+        best_paths_of(request), request.backend or "auto", tuple(request.retain),
+        hooks_from_proto(request.hooks) if request.hooks else (), tuple(request.semirings), request.top_paths)
+
+
+def best_paths_of(request: pb.GradientRequest):
+    """The request's best-path starts: (input, full index) pairs, or "all"."""
+    if request.best_path_all:
+        if request.best_paths:
+            raise InvalidArgument("best_path_all and best_paths both given: ask for every element or for some")
+        return "all"
+    return tuple((ref.input, tuple(ref.index)) for ref in request.best_paths) if request.best_paths else ()
 
 
 def gradient_response(result, writer: Writer | None = None) -> pb.GradientResponse:

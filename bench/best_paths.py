@@ -1,0 +1,111 @@
+"""Benchmark: best paths read from back-pointers, on a transformer block imported from PyTorch.
+
+Model: `torch.nn.TransformerEncoderLayer(d, heads, ff, activation="gelu", batch_first=True)`,
+float64, eval mode, random weights (seed 0), imported with `sg.from_torch(..., params="constants")`
+so the block's input `src` (1, tokens, d) — the embeddings — is the only graph input. One
+request = one sentence. Timed in the same process, alternating, each the best of `--repeat`:
+
+  * `values`: `Engine.gradient(semiring="max_product")`: the max-product value of every
+    embedding element (the best path's product);
+  * `all`: the same with `best_paths="all"`: the values *and* the best path of every
+    embedding element (tokens × d paths), read from back-pointers;
+  * `top10`: `top_paths=10`: the 10 best paths of the whole graph (k-best back-pointers);
+  * `torch`: `layer(x).sum().backward()` on the same model (real gradients).
+
+Before timing it checks that the `all` values equal the `values` gradients exactly and that
+the top path's value is the largest of them. The acceptance of issue 15 item 1: all-paths
+costs at most 1× the values' time on top of them (all ≤ 2 × values), top-10 at most 2×
+(top10 ≤ 3 × values). Results: bench/RESULTS.md.
+
+Run from the repo root (engine in process; max_path_steps raised to fit every path):
+    .venv/bin/python bench/best_paths.py [--tokens 32] [--d 768] [--heads 12] [--ff 3072] [--repeat 2] [--no-top]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[32])
+    ap.add_argument("--d", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--ff", type=int, default=3072)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-top", action="store_true", help="skip top_paths=10 (the slowest part)")
+    args, _ = ap.parse_known_args(argv)
+
+    import torch
+    from torch import nn
+
+    import semigrad as sg
+    from semigrad_server.engine import Engine
+    from semigrad_server.limits import Limits
+    from semigrad_server.semiring import kernels
+    from semigrad_server.service.convert import graph_from_proto
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    layer = nn.TransformerEncoderLayer(args.d, args.heads, args.ff, activation="gelu", batch_first=True,
+                                       dropout=0.0).double().eval()
+    print(f"| tokens | paths | steps | values s | all s | top10 s | torch backward s | all ÷ values | "
+          f"top10 ÷ values | values ÷ torch |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    failed = False
+    for tokens in args.tokens:
+        x = torch.randn(1, tokens, args.d, dtype=torch.float64)
+        t0 = time.perf_counter()
+        imported = sg.from_torch(layer, (x,), params="constants")
+        engine = Engine(limits=Limits(max_path_steps=10 ** 9))
+        gid = engine.register(graph_from_proto(imported.graph.to_proto()))[0].id
+        print(f"tokens {tokens}: imported and registered in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        point = {imported.user_inputs[0]: x.numpy()}
+        xt = x.clone().requires_grad_(True)
+
+        def values():
+            return engine.gradient(gid, point, semiring="max_product")
+
+        def every():
+            return engine.gradient(gid, point, semiring="max_product", best_paths="all")
+
+        def top():
+            if args.no_top:
+                return v
+            return engine.gradient(gid, point, semiring="max_product", top_paths=10)
+
+        def backward():
+            xt.grad = None
+            layer(xt).sum().backward()
+
+        # warm-up (compiles plans and kernels) and checks
+        v = values()
+        a, k = every(), top()
+        name = imported.user_inputs[0]
+        if not np.array_equal(v.gradients[name], a.gradients[name]) or \
+                (not args.no_top and k.best_paths[0].value["value"] != v.gradients[name].max()):
+            print("best paths disagree with the values", file=sys.stderr)
+            failed = True
+        backward()
+        times = {"values": [], "all": [], "top10": [], "torch": []}
+        for _ in range(args.repeat):  # alternating
+            for key, fn in (("torch", backward), ("values", values), ("all", every), ("top10", top)):
+                t = time.perf_counter()
+                fn()
+                times[key].append(time.perf_counter() - t)
+        best = {key: min(ts) for key, ts in times.items()}
+        steps = sum(len(p.steps) for p in a.best_paths)
+        print(f"| {tokens} | {len(a.best_paths)} | {steps} | {best['values']:.2f} | {best['all']:.2f} | "
+              f"{best['top10']:.2f} | {best['torch']:.3f} | {best['all'] / best['values']:.2f} | "
+              f"{best['top10'] / best['values']:.2f} | {best['values'] / best['torch']:.1f} |")
+        sys.stdout.flush()
+    print(f"\nkernels: {kernels.backend()}; torch threads 1; d {args.d}, heads {args.heads}, ff {args.ff}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Compiled matmuls for the back-pointer carriers (semiring.pointers), with numba.
+
+`pointer_matmul`: out[i, j] = the best over k of a[i, k] ⊗ b[k, j] with its pointer (the
+larger of the two operands' pointers: only one side carries one) and partial (the product of
+the two partials); ties to the smaller pointer. `kbest_pointer_matmul`: the K best such
+products over k and the ranks of both operands, best first. Both return None when numba is
+not installed (or fails to compile): the callers then use their NumPy forms, which give the
+same winners (both select among the same exactly computed products).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import numpy as np
+
+log = logging.getLogger("semigrad.kernels")
+_MULS = {"mul": 0, "add": 1, "max": 2, "min": 3}
+_compiled = None
+_failed = importlib.util.find_spec("numba") is None
+
+
+def _compile():
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def product(a, b, kind):
+        if kind == 0:
+            return a * b
+        if kind == 1:
+            return a + b
+        if kind == 2:
+            return max(a, b)
+        return min(a, b)
+
+    @numba.njit(cache=True, nogil=True)
+    def better(v, p, cv, cp, maximise):
+        if maximise:
+            return v > cv or (v == cv and p < cp)
+        return v < cv or (v == cv and p < cp)
+
+    @numba.njit(cache=True, nogil=True)
+    def single(va, pa, qa, vb, pb, qb, maximise, kind, zero):
+        lead, m, kk = va.shape
+        n = vb.shape[2]
+        ov = np.full((lead, m, n), zero)
+        op = np.full((lead, m, n), -1.0)
+        oq = np.zeros((lead, m, n))
+        for t in range(lead):
+            for i in range(m):
+                for k in range(kk):
+                    a, ap, aq = va[t, i, k], pa[t, i, k], qa[t, i, k]
+                    for j in range(n):
+                        v = product(a, vb[t, k, j], kind)
+                        p = max(ap, pb[t, k, j])
+                        if better(v, p, ov[t, i, j], op[t, i, j], maximise):
+                            ov[t, i, j] = v
+                            op[t, i, j] = p
+                            oq[t, i, j] = aq * qb[t, k, j]
+        return ov, op, oq
+
+    @numba.njit(cache=True, nogil=True)
+    def kbest(va, pa, qa, vb, pb, qb, K, maximise, kind, zero):
+        # va: (lead, m, kk, ka ranks); vb: (lead, n, kk, kb ranks) (b transposed); out (lead, m, n, K)
+        lead, m, kk, ka = va.shape
+        kb = vb.shape[3]
+        n = vb.shape[1]
+        ov = np.full((lead, m, n, K), zero)
+        op = np.full((lead, m, n, K), -1.0)
+        oq = np.zeros((lead, m, n, K))
+        for t in range(lead):
+            for i in range(m):
+                for j in range(n):
+                    cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
+                    for k in range(kk):
+                        for ra in range(ka):
+                            a = va[t, i, k, ra]
+                            if a == zero:
+                                break
+                            for rb in range(kb):
+                                b = vb[t, j, k, rb]
+                                if b == zero:
+                                    break
+                                v = product(a, b, kind)
+                                p = max(pa[t, i, k, ra], pb[t, j, k, rb])
+                                if not better(v, p, cv[K - 1], cp[K - 1], maximise):
+                                    if v != cv[K - 1]:
+                                        break  # later ranks of b are worse still (sorted, ⊗ monotone)
+                                    continue
+                                q = qa[t, i, k, ra] * qb[t, j, k, rb]
+                                r = K - 1
+                                while r > 0 and better(v, p, cv[r - 1], cp[r - 1], maximise):
+                                    cv[r], cp[r], cq[r] = cv[r - 1], cp[r - 1], cq[r - 1]
+                                    r -= 1
+                                cv[r], cp[r], cq[r] = v, p, q
+        return ov, op, oq
+
+    return single, kbest
+
+
+def _kernels():
+    global _compiled, _failed
+    if _compiled is None and not _failed:
+        try:
+            _compiled = _compile()
+        except Exception as e:  # noqa: BLE001 - numba present but unusable: NumPy forms instead
+            log.warning("back-pointer kernels unavailable (%s): NumPy is used", e)
+            _failed = True
+    return _compiled
+
+
+def _flat(parts, lead, tail):
+    return [np.ascontiguousarray(np.broadcast_to(np.asarray(c, dtype=np.float64), lead + tail)).reshape((-1,) + tail)
+            for c in parts]
+
+
+def pointer_matmul(a, b, addition: str, multiplication: str, zero: float):
+    """(value, ptr, partial) triples a (..., m, k) and b (..., k, n): the winners' triple, or None."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    m, kk = np.shape(a[0])[-2:]
+    n = np.shape(b[0])[-1]
+    lead = tuple(np.broadcast_shapes(np.shape(a[0])[:-2], np.shape(b[0])[:-2]))
+    out = kernels[0](*_flat(a, lead, (m, kk)), *_flat(b, lead, (kk, n)), addition == "max",
+                     _MULS[multiplication], float(zero))
+    return tuple(c.reshape(lead + (m, n)) for c in out)
+
+
+def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero: float):
+    """3k-array k-best values (value ranks, pointer ranks, partial ranks): the K best, or None."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    m, kk = np.shape(a[0])[-2:]
+    n = np.shape(b[0])[-1]
+    lead = tuple(np.broadcast_shapes(np.shape(a[0])[:-2], np.shape(b[0])[:-2]))
+    ka, kb = _ranks(a, k, zero), _ranks(b, k, zero)  # a lifted partial has one rank: the others are 0̄
+    stack_a = [np.stack(_flat(a[j * k:j * k + ka], lead, (m, kk)), axis=-1) for j in range(3)]
+    stack_b = [np.ascontiguousarray(np.stack(_flat(b[j * k:j * k + kb], lead, (kk, n)), axis=-1).transpose(0, 2, 1, 3))
+               for j in range(3)]
+    ov, op, oq = kernels[1](*stack_a, *stack_b, k, addition == "max", _MULS[multiplication], float(zero))
+    shape = lead + (m, n)
+    return (tuple(ov[..., r].reshape(shape) for r in range(k)) + tuple(op[..., r].reshape(shape) for r in range(k))
+            + tuple(oq[..., r].reshape(shape) for r in range(k)))
+
+
+def _ranks(value, k: int, zero: float) -> int:
+    """How many leading ranks of a k-best value can hold anything but 0̄."""
+    r = k
+    while r > 1 and np.all(np.asarray(value[r - 1]) == zero):
+        r -= 1
+    return r

@@ -1,0 +1,64 @@
+"""The back-pointer matmuls (semiring/pointer_kernels.py) against plain Python loops over the
+products, with many exact ties (small integers), for every (⊕, ⊗) of the tropical semirings."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from semigrad_server.semiring import pointer_kernels
+
+MULS = {"mul": lambda a, b: a * b, "add": lambda a, b: a + b, "max": max, "min": min}
+CASES = [("max", "mul", 0.0), ("max", "add", -np.inf), ("min", "add", np.inf), ("max", "min", 0.0)]
+
+
+def key(order, v, p):
+    return (-v if order == "max" else v, p)
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("order,mul,zero", CASES)
+def test_one_winner_with_the_smallest_pointer_on_ties(order, mul, zero):
+    rng = np.random.default_rng(1)
+    m, kk, n = 3, 5, 4
+    va, vb = rng.integers(0, 3, (m, kk)).astype(float), rng.integers(0, 3, (kk, n)).astype(float)
+    pa = np.full((m, kk), -1.0)  # a: lifted partials (no pointer); b: adjoints with pointers
+    pb = rng.permutation(kk * n).reshape(kk, n).astype(float)
+    qa, qb = rng.normal(size=(m, kk)), rng.normal(size=(kk, n))
+    v, p, q = pointer_matmul = pointer_kernels.pointer_matmul((va, pa, qa), (vb, pb, qb), order, mul, zero)
+    for i, j in itertools.product(range(m), range(n)):
+        cands = [(MULS[mul](va[i, k], vb[k, j]), max(pa[i, k], pb[k, j]), qa[i, k] * qb[k, j]) for k in range(kk)]
+        best = min(cands, key=lambda c: key(order, c[0], c[1]))
+        assert (v[i, j], p[i, j], q[i, j]) == best, (i, j, cands, pointer_matmul)
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("lifted", [True, False])
+@pytest.mark.parametrize("order,mul,zero", CASES[:3])
+def test_the_k_best_with_ranks(order, mul, zero, lifted):
+    rng = np.random.default_rng(2)
+    K, m, kk, n = 3, 2, 4, 3
+    worst = 0.0 if zero == 0.0 else zero
+
+    def klist(shape, ranks):
+        v = np.sort(rng.integers(1, 4, (K,) + shape).astype(float), axis=0)
+        v = v[::-1] if order == "max" else v
+        v[ranks:] = worst
+        p = rng.permutation(K * int(np.prod(shape))).reshape((K,) + shape).astype(float)
+        return list(v) + list(p) + list(rng.normal(size=(K,) + shape))
+
+    a = klist((m, kk), 1 if lifted else K)
+    b = klist((kk, n), K)
+    out = pointer_kernels.kbest_pointer_matmul(tuple(a), tuple(b), K, order, mul, zero)
+    for i, j in itertools.product(range(m), range(n)):
+        cands = [(MULS[mul](a[ra][i, k], b[rb][k, j]), max(a[K + ra][i, k], b[K + rb][k, j]),
+                  a[2 * K + ra][i, k] * b[2 * K + rb][k, j])
+                 for k in range(kk) for ra in range(K) for rb in range(K)
+                 if a[ra][i, k] != worst and b[rb][k, j] != worst]
+        cands.sort(key=lambda c: key(order, c[0], c[1]))
+        for r in range(K):
+            got = (out[r][i, j], out[K + r][i, j], out[2 * K + r][i, j])
+            want = cands[r] if r < len(cands) else (zero, -1.0, 0.0)
+            assert got[:2] == want[:2] and got[2] == pytest.approx(want[2]), (i, j, r, got, cands[:K])
