@@ -123,6 +123,27 @@ def test_einsum_of_three_or_more_operands_whose_path_contracts_them_at_once(clie
             np.testing.assert_allclose(grads[f"x{k}"][b], dx[k], rtol=1e-12, atol=1e-12)
 
 
+def test_an_einsum_of_few_products_over_large_operands_is_not_refused(client, rng):
+    """The request's operation bound counted an einsum by its element-level expansion bound
+    (operands × the product of the operands' sizes: 1.9·10¹² for 'lpV,lV,lpV->' at l = V = 64,
+    p = 3), so a call of 24,576 products was RESOURCE_EXHAUSTED past max_request_operations
+    (found by the differential fuzzer). The kernel's contractions are what it computes.
+    Values and gradients by the closed forms of Σ a·b·c."""
+    g = sg.Graph()
+    a, b, c = g.input("a", (64, 3, 64)), g.input("b", (64, 64)), g.input("c", (64, 3, 64))
+    g.output("out", sg.einsum("lpV,lV,lpV->", a, b, c))
+    f = client.register(g)
+    values = {"a": rng.normal(size=(2, 64, 3, 64)), "b": rng.normal(size=(64, 64)), "c": rng.normal(size=(64, 3, 64))}
+    got = f.evaluate(values)["out"]
+    grads = f.gradient(values)
+    for i in range(2):
+        ai, bb, cc = values["a"][i], values["b"][:, None, :], values["c"]
+        np.testing.assert_allclose(got[i], np.sum(ai * bb * cc), rtol=1e-12)
+        np.testing.assert_allclose(grads["a"][i], bb * cc, rtol=1e-12)
+        np.testing.assert_allclose(grads["c"][i], ai * bb, rtol=1e-12)
+        np.testing.assert_allclose(grads["b"][i], np.sum(ai * cc, axis=1), rtol=1e-12)
+
+
 def test_argmax_and_argmin_take_the_first_of_ties_and_flatten_without_an_axis(client):
     g = sg.Graph()
     x = g.input("x", (2, 3))
