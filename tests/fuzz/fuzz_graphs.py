@@ -54,9 +54,21 @@ TAME = 1e5  # every value's magnitude in a case (else the case is redrawn)
 
 COMPARISONS = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
                "eq": np.equal, "ne": np.not_equal}
-FAMILY_DRAWS = ("elementwise",) * 4 + ("where", "reduction", "reduction", "structural", "structural") + ("matmul",) * 3
+FAMILY_DRAWS = ("elementwise",) * 4 + ("where", "reduction", "reduction", "structural", "structural") + ("matmul",) * 3 \
+    + ("normalisation", "normalisation", "indexing", "indexing", "window", "window")
 STRUCTURAL = ("sum", "mean", "max", "reshape", "transpose", "broadcast_to", "index", "concat", "stack",
               "matmul", "where")
+# The ops with attributes merged after the first builders, by family (each has a builder below).
+FAMILIES = {
+    "reduction": ("sum", "mean", "max", "min", "logsumexp"),
+    "matmul": ("matmul", "einsum"),
+    "normalisation": ("softmax", "log_softmax", "layer_norm", "clamp", "cumsum"),
+    "indexing": ("gather", "scatter_add", "argmax", "argmin"),
+    "window": ("conv1d", "conv2d", "max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d"),
+}
+# Ops whose value has kinks (ties, bounds, the arg of a maximum): their operand is a fresh input
+# or const of well-separated values (`distinct`), so central differences never straddle a kink.
+KINKED = frozenset({"max", "min", "max_pool1d", "max_pool2d", "argmax", "argmin", "clamp"})
 
 
 @dataclass(frozen=True)
@@ -85,19 +97,21 @@ class Vocabulary:
                 self.elementwise[op] = Elementwise(op, len(samplers), reference, tuple(samplers))
         self.comparisons = [n for n in COMPARISONS if n in listed]
         self.structural = [n for n in STRUCTURAL if n in listed]
-        self.names = sorted(self.elementwise) + self.comparisons + self.structural
+        built = [n for names in FAMILIES.values() for n in names if n in listed]
+        self.names = sorted(self.elementwise) + self.comparisons + sorted(set(self.structural) | set(built))
         # Ops are drawn family first, so the graphs look like users' (matmul-heavy), whatever the
         # number of elementwise ops: a family's weight is its number of entries in FAMILY_DRAWS.
         self.families = {"elementwise": sorted(self.elementwise), "where": self.comparisons,
-                         "matmul": [n for n in ("matmul",) if n in listed],
-                         "reduction": [n for n in ("sum", "mean", "max") if n in listed],
                          "structural": [n for n in STRUCTURAL if n in listed and n not in
                                         ("matmul", "where", "sum", "mean", "max")]}
+        self.families.update({f: [n for n in names if n in listed] for f, names in FAMILIES.items()})
         self.unfuzzed = sorted(n for n, op in listed.items()
                                if n not in self.names and op.kind != "source")
 
     def restricted(self, op: str, position: int):
         """The sampler an operand must be drawn with (a fresh input or const), or None: any value."""
+        if op in KINKED and position == 0:
+            return distinct
         samplers = self.domains.get(op, ())
         if position < len(samplers) and samplers[position] is not normal:
             return samplers[position]
@@ -124,6 +138,7 @@ class Input:
     shape: tuple[int, ...]
     lead: tuple[int, ...]  # its batch axes (broadcast against the others')
     sampler: object
+    dtype: str = "float64"  # int64: indices (no gradient, no perturbation)
 
 
 @dataclass
@@ -142,7 +157,8 @@ class FuzzCase:
     def __repr__(self) -> str:
         lines = ["FuzzCase(batch=%s)" % (self.batch,)]
         for x in self.inputs.values():
-            lines.append(f"  input {x.name} {list(x.shape)} batch axes {list(x.lead)} ({x.sampler.__name__})")
+            lines.append(f"  input {x.name} {list(x.shape)} {x.dtype} batch axes {list(x.lead)} "
+                         f"({getattr(x.sampler, '__qualname__', x.sampler)})")
         for n in self.nodes:
             if n.op == "const":
                 lines.append(f"  {n.id} {list(n.shape)} = const")
@@ -171,7 +187,7 @@ class FuzzCase:
     # ------------------------------------------------------------ the client graph
     def client_graph(self) -> sg.Graph:
         g = sg.Graph()
-        h = {name: g.input(name, x.shape) for name, x in self.inputs.items()}
+        h = {name: g.input(name, x.shape, dtype=x.dtype) for name, x in self.inputs.items()}
         for n in self.nodes:
             args = [h[r] for r in n.inputs]
             a = n.attrs
@@ -195,6 +211,8 @@ class FuzzCase:
                 h[n.id] = sg.index(args[0], a["index"], name=n.id)
             elif n.op in ("concat", "stack"):
                 h[n.id] = getattr(sg, n.op)(args, axis=a["axis"], name=n.id)
+            elif n.op in CLIENT_CALLS:
+                h[n.id] = CLIENT_CALLS[n.op](a, *args, name=n.id)
             else:
                 raise AssertionError(n.op)
         for name, ref in self.outputs.items():
@@ -245,18 +263,27 @@ class FuzzCase:
             return np.concatenate(args, axis=a["axis"])
         if n.op == "stack":
             return np.stack(args, axis=a["axis"])
+        if n.op in REFERENCES:
+            return REFERENCES[n.op](a, *args)
         raise AssertionError(n.op)
 
-    def total(self, values: dict, b: tuple) -> float:
-        """Σ seed·output of one item (seed 1 without seeds)."""
-        out = 0.0
+    def total(self, values: dict, b: tuple) -> tuple[float, float]:
+        """Σ seed·output of one item (seed 1 without seeds), and Σ |seed·output| (its rounding's scale)."""
+        out = magnitude = 0.0
         for name, ref in self.outputs.items():
             seed = np.broadcast_to(self.seeds[name], self.batch + self.shape(ref))[b] if self.seeds else 1.0
-            out += float(np.sum(values[ref] * seed))
-        return out
+            terms = values[ref] * seed
+            out += float(np.sum(terms))
+            magnitude += float(np.sum(np.abs(terms)))
+        return out, magnitude
 
     def float_inputs(self) -> list[str]:
-        return list(self.inputs)
+        return [k for k, x in self.inputs.items() if x.dtype == "float64"]
+
+    def has_ints(self) -> bool:
+        """Whether an int64 value is in the graph (scalar programs refuse it by declaration)."""
+        return any(x.dtype != "float64" for x in self.inputs.values()) or \
+            any(n.dtype not in ("float64", "bool") for n in self.nodes)
 
 
 class Reference:
@@ -270,16 +297,19 @@ class Reference:
     def __init__(self, case: FuzzCase, items: list[tuple], rng: np.random.Generator):
         self.case, self.items = case, items
         self.outputs, self.directions, self.differences = {}, {}, {}
+        floats = case.float_inputs()
         for b in items:
-            item = {k: np.array(v, dtype=np.float64) for k, v in case.item(b).items()}
+            item = {k: np.array(v, dtype=case.inputs[k].dtype) for k, v in case.item(b).items()}
             values = case.forward(item)
             self.outputs[b] = {name: values[ref] for name, ref in case.outputs.items()}
-            v = {k: rng.normal(size=x.shape) * np.maximum(1.0, np.abs(x)) for k, x in item.items()}
-            up = case.total(case.forward({k: item[k] + self.H * v[k] for k in item}), b)
-            down = case.total(case.forward({k: item[k] - self.H * v[k] for k in item}), b)
+            v = {k: rng.normal(size=item[k].shape) * np.maximum(1.0, np.abs(item[k])) for k in floats}
+            up, up_terms = case.total(case.forward({**item, **{k: item[k] + self.H * v[k] for k in floats}}), b)
+            down, down_terms = case.total(case.forward({**item, **{k: item[k] - self.H * v[k] for k in floats}}), b)
             self.directions[b] = v
-            # rounding in the totals, amplified by the division by 2h, is part of the tolerance
-            self.differences[b] = ((up - down) / (2 * self.H), 1e-9 * (abs(up) + abs(down)) / self.H)
+            # rounding in the totals, amplified by the division by 2h, is part of the tolerance; a
+            # total that cancels (Σ of a layer_norm's or softmax's outputs) rounds like its terms
+            rounding = 1e-9 * (abs(up) + abs(down)) + 1e-14 * (up_terms + down_terms)
+            self.differences[b] = ((up - down) / (2 * self.H), rounding / self.H)
 
     def check_outputs(self, got: dict, items: list[tuple], where: str) -> None:
         for name, ref in self.case.outputs.items():
@@ -291,7 +321,10 @@ class Reference:
                                            err_msg=f"{where}: output {name}, item {b}")
 
     def check_gradients(self, grads: dict, where: str) -> None:
-        for x, spec in self.case.inputs.items():
+        ints = sorted(set(self.case.inputs) - set(self.case.float_inputs()))
+        assert not any(k in grads for k in ints), f"{where}: a gradient for the int64 input(s) {ints}"
+        for x in self.case.float_inputs():
+            spec = self.case.inputs[x]
             assert np.shape(grads[x]) == self.case.batch + spec.shape, (
                 f"{where}: the gradient for {x} has shape {np.shape(grads[x])}, not {self.case.batch + spec.shape}")
         for b in self.items:
@@ -377,12 +410,12 @@ class _Builder:
         return fitting
 
     # -- leaves
-    def fresh(self, shape: tuple, sampler=normal) -> str:
+    def fresh(self, shape: tuple, sampler=normal, dtype: str = "float64") -> str:
         """A new input (with or without batch axes) or, sometimes, a const, drawn by `sampler`."""
         if self.inputs and self.draw(rs.integers(0, 9)) < 2:
             ref = f"c{len(self.nodes)}"
-            value = np.asarray(sampler(self.rng, shape), dtype=np.float64)
-            self.nodes.append(Node(ref, "const", (), {}, shape, value=value))
+            value = np.asarray(sampler(self.rng, shape), dtype=dtype)
+            self.nodes.append(Node(ref, "const", (), {}, shape, dtype, value=value))
         else:
             ref = f"x{len(self.inputs)}"
             kind = self.draw(rs.sampled_from(("none",) * 3 + ("full",) * 4 + ("ones", "suffix") * 2))
@@ -394,9 +427,9 @@ class _Builder:
                 lead = tuple(d if self.draw(rs.booleans()) else 1 for d in self.batch)
             else:
                 lead = self.batch[self.draw(rs.integers(0, len(self.batch))):]
-            self.inputs[ref] = Input(ref, shape, lead, sampler)
+            self.inputs[ref] = Input(ref, shape, lead, sampler, dtype)
         self.shapes[ref] = shape
-        if sampler is normal:
+        if sampler is normal and dtype == "float64":
             self.floats.append(ref)
         return ref
 
@@ -608,6 +641,411 @@ class _Builder:
         axis = self.draw(rs.integers(-len(sx) - 1, len(sx)))
         return self.add("stack", (x, y), {"axis": axis}, np.stack([np.empty(sx)] * 2, axis=axis).shape)
 
+    # -- ops with attributes merged after the first builders
+    def min(self):
+        return self._reduction("min")
+
+    def logsumexp(self):
+        return self._reduction("logsumexp")
+
+    def _along_axis(self, op: str) -> str | None:
+        x = self.operand(op, 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(rs.integers(1, 3))))
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        return self.add(op, (x,), {"axis": self.draw(rs.integers(-len(sx), len(sx) - 1))}, sx)
+
+    def softmax(self):
+        return self._along_axis("softmax")
+
+    def log_softmax(self):
+        return self._along_axis("log_softmax")
+
+    def cumsum(self):
+        return self._along_axis("cumsum")
+
+    def layer_norm(self) -> str | None:
+        x = self.operand("layer_norm", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(rs.integers(1, 3))))
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        chosen = sorted(set(self.draw(rs.lists(rs.integers(0, len(sx) - 1), min_size=1, max_size=len(sx)))))
+        axes = tuple(a - len(sx) if self.draw(rs.booleans()) else a for a in chosen)
+        return self.add("layer_norm", (x,), {"axes": axes, "eps": self.draw(rs.sampled_from((1e-5, 0.1, 1.0)))}, sx)
+
+    def clamp(self) -> str | None:
+        # distinct values lie within 0.1 of a multiple of 0.5: bounds half-way between two
+        x = self.operand("clamp", 0, make=self.new_shape)
+        if x is None:
+            return None
+        n = math.prod(self.shapes[x])
+        lo, hi = sorted(0.5 * self.draw(rs.integers(-1, n)) + 0.25 for _ in range(2))
+        bounds = self.draw(rs.sampled_from(({"min": lo, "max": hi}, {"min": lo}, {"max": hi})))
+        return self.add("clamp", (x,), bounds, self.shapes[x])
+
+    # indices: int64 inputs (batch axes too) or consts in [-n, n), or the argmax/argmin of a
+    # fresh value whose arg-reduced axis is at most n long
+    def indices(self, shape: tuple, n: int, source: str | None = None) -> str | None:
+        source = source or self.draw(rs.sampled_from(("input", "input", "input", "argmax", "argmin")))
+        if source == "input":
+            return self.fresh(shape, index_sampler(n), dtype="int64")
+        ones = [j for j, d in enumerate(shape) if d == 1]
+        form = self.draw(rs.sampled_from(("axis", "axis", "keepdims", "flat")))
+        if form == "flat" and shape in ((), (1,) * len(shape)):  # the index into the flattened value
+            zs = tuple(self.draw(rs.integers(1, 3)) for _ in shape) or (self.draw(rs.integers(1, 3)),)
+            zs = zs if math.prod(zs) <= n else (1,) * len(zs)
+            attrs = {"axis": None, "keepdims": bool(shape)}
+        elif form == "keepdims" and ones:  # along an axis kept as 1
+            axis = self.draw(rs.sampled_from(ones))
+            zs = shape[:axis] + (self.draw(rs.integers(1, n)),) + shape[axis + 1:]
+            attrs = {"axis": axis, "keepdims": True}
+        else:  # along an axis of length at most n, inserted anywhere
+            axis = self.draw(rs.integers(0, len(shape)))
+            zs = shape[:axis] + (self.draw(rs.integers(1, n)),) + shape[axis:]
+            attrs = {"axis": axis, "keepdims": False}
+        if attrs["axis"] is not None and self.draw(rs.booleans()):
+            attrs["axis"] -= len(zs)
+        if not self.fits(zs):
+            return None
+        z = self.fresh(zs, distinct)
+        return self.add(source, (z,), attrs, shape, dtype="int64")
+
+    def gather(self, source: str | None = None) -> str | None:
+        x = self.operand("gather", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(rs.integers(1, 3))))
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        axis = self.draw(rs.integers(-len(sx), len(sx) - 1))
+        a = axis % len(sx)
+        ishape = tuple(self.draw(rs.sampled_from(self.dims[:4])) for _ in range(self.draw(rs.integers(0, 2))))
+        shape = sx[:a] + ishape + sx[a + 1:]
+        if not self.fits(shape):
+            return None
+        idx = self.indices(ishape, sx[a], source)
+        if idx is None:
+            return None
+        return self.add("gather", (x, idx), {"axis": axis}, shape)
+
+    def argmax(self):
+        return self.gather("argmax")
+
+    def argmin(self):
+        return self.gather("argmin")
+
+    def scatter_add(self) -> str | None:
+        u = self.operand("scatter_add", 0, lambda s: len(s) >= 1, lambda: self.new_shape(self.draw(rs.integers(1, 3))))
+        if u is None:
+            return None
+        su = self.shapes[u]
+        a = self.draw(rs.integers(0, len(su) - 1))
+        q = self.draw(rs.integers(0, min(2, len(su) - a)))
+        size = self.draw(rs.sampled_from(self.dims))
+        shape = su[:a] + (size,) + su[a + q:]
+        if not self.fits(shape):
+            return None
+        idx = self.indices(su[a:a + q], size)
+        if idx is None:
+            return None
+        axis = a - len(shape) if self.draw(rs.booleans()) else a
+        return self.add("scatter_add", (u, idx), {"size": size, "axis": axis}, shape)
+
+    def einsum(self) -> str | None:
+        """Random subscripts: 1-3 operands, letters shared between terms (contractions, outer
+        products), sometimes one batch letter in every term, and an explicit output (any subset
+        of the letters, any order) or NumPy's implicit one (the letters used once, sorted)."""
+        x = self.operand("einsum", 0, lambda s: len(s) <= 3, lambda: self.new_shape(self.draw(rs.integers(0, 3))))
+        if x is None:
+            return None
+        pool = list(self.rng.permutation(list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")))
+        sizes: dict[str, int] = {}
+        terms = ["".join(pool.pop() for _ in self.shapes[x])]
+        sizes.update(zip(terms[0], self.shapes[x]))
+        batch = terms[0][0] if terms[0] and self.draw(rs.integers(0, 2)) == 0 else None
+        args = [x]
+        for k in range(1, self.draw(rs.integers(1, 3))):
+            term = batch or ""
+            for _ in range(self.draw(rs.integers(0, 2 if batch else 3))):
+                shared = [c for c in sizes if c not in term]
+                if shared and self.draw(rs.booleans()):
+                    term += self.draw(rs.sampled_from(shared))
+                else:
+                    c = pool.pop()
+                    sizes[c] = self.dim()
+                    term += c
+            shape = tuple(sizes[c] for c in term)
+            if math.prod(sizes.values()) > EINSUM_PRODUCTS or not self.fits(shape):
+                return None
+            y = self.operand("einsum", k, lambda s, t=shape: s == t, lambda t=shape: t)
+            if y is None:
+                return None
+            terms.append(term)
+            args.append(y)
+        if math.prod(sizes.values()) > EINSUM_PRODUCTS:
+            return None
+        used = "".join(terms)
+        if self.draw(rs.integers(0, 3)) == 0:
+            out = "".join(sorted(c for c in sizes if used.count(c) == 1))
+            subscripts = ",".join(terms)
+        else:
+            out = "".join(c for c in self.rng.permutation(list(sizes)) if self.draw(rs.booleans()))
+            if batch and batch not in out and self.draw(rs.booleans()):
+                out = batch + out
+            subscripts = ",".join(terms) + "->" + out
+        return self.add("einsum", args, {"subscripts": subscripts}, tuple(sizes[c] for c in out))
+
+    def _window_input(self, op: str, nd: int) -> str | None:
+        def make():
+            spatial = tuple(self.draw(rs.sampled_from(self.dims)) for _ in range(nd))
+            shape = (self.draw(rs.integers(1, 3)), self.draw(rs.sampled_from((1, 2, 3, 4, 6)))) + spatial
+            return shape if self.fits(shape) else (1, 1) + spatial
+        return self.operand(op, 0, lambda s: len(s) == nd + 2, make)
+
+    def _geometry(self, spatial, nd: int, pool: bool):
+        """kernel, stride, padding, dilation (each one int per spatial axis) whose windows fit."""
+        for _ in range(4):
+            kernel = tuple(self.draw(rs.sampled_from((1, 2, 3, 3, min(s, 5), s))) for s in spatial)
+            if math.prod(kernel) > WINDOW_OFFSETS:
+                continue
+            stride = tuple(self.draw(rs.integers(1, 3)) for _ in range(nd))
+            dilation = (1,) * nd if pool else tuple(self.draw(rs.integers(1, 2)) for _ in range(nd))
+            padding = tuple(self.draw(rs.integers(0, k // 2 if pool else 2)) for k in kernel)
+            if all(s + 2 * p - d * (k - 1) - 1 >= 0 for s, k, p, d in zip(spatial, kernel, padding, dilation)):
+                return kernel, stride, padding, dilation
+        return None
+
+    def _spelled(self, values: tuple):
+        """An attribute as users pass it: one int for every axis when they agree, or one per axis."""
+        return values[0] if len(set(values)) == 1 and self.draw(rs.booleans()) else values
+
+    def _conv(self, nd: int) -> str | None:
+        op = f"conv{nd}d"
+        x = self._window_input(op, nd)
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        c, spatial = sx[1], sx[2:]
+        geometry = self._geometry(spatial, nd, pool=False)
+        if geometry is None:
+            return None
+        kernel, stride, padding, dilation = geometry
+        groups = self.draw(rs.sampled_from([g for g in range(1, c + 1) if c % g == 0]))
+        ws = (groups * self.draw(rs.integers(1, 3)), c // groups) + kernel
+        w = self.operand(op, 1, lambda s: s == ws, lambda: ws)
+        if w is None:
+            return None
+        out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
+                    for s, k, st, p, d in zip(spatial, kernel, stride, padding, dilation))
+        attrs = {"stride": self._spelled(stride), "padding": self._spelled(padding),
+                 "dilation": self._spelled(dilation), "groups": groups}
+        return self.add(op, (x, w), attrs, (sx[0], ws[0]) + out)
+
+    def conv1d(self):
+        return self._conv(1)
+
+    def conv2d(self):
+        return self._conv(2)
+
+    def _pool(self, kind: str, nd: int) -> str | None:
+        op = f"{kind}_pool{nd}d"
+        x = self._window_input(op, nd)
+        if x is None:
+            return None
+        sx = self.shapes[x]
+        geometry = self._geometry(sx[2:], nd, pool=True)
+        if geometry is None:
+            return None
+        kernel, stride, padding, _ = geometry
+        out = tuple((s + 2 * p - k) // st + 1 for s, k, st, p in zip(sx[2:], kernel, stride, padding))
+        attrs = {"kernel_size": self._spelled(kernel), "padding": self._spelled(padding),
+                 "stride": None if stride == kernel and self.draw(rs.booleans()) else self._spelled(stride)}
+        if attrs["stride"] is None:
+            out = tuple((s + 2 * p - k) // k + 1 for s, k, p in zip(sx[2:], kernel, padding))
+        return self.add(op, (x,), attrs, sx[:2] + out)
+
+    def max_pool1d(self):
+        return self._pool("max", 1)
+
+    def max_pool2d(self):
+        return self._pool("max", 2)
+
+    def avg_pool1d(self):
+        return self._pool("avg", 1)
+
+    def avg_pool2d(self):
+        return self._pool("avg", 2)
+
+
+def index_sampler(n: int):
+    """int64 indices in [-n, n) (negative ones count from the end; repeats add up in scatters)."""
+
+    def sample(rng, shape):
+        return rng.integers(-n, n, size=shape)
+
+    sample.__qualname__ = f"indices in [-{n}, {n})"
+    return sample
+
+
+WINDOW_OFFSETS = 64  # kernel offsets of a conv or pool (each is a step of its kernel and adjoint)
+EINSUM_PRODUCTS = 1 << 16  # the product of an einsum's letter sizes per item (the reference's np.einsum work)
+
+
+# ---------------------------------------------------------------- references of the ops with attributes
+# Plain NumPy, per item, written here from each op's definition (docs/conventions.md); nothing is
+# shared with the server's kernels.
+
+
+def _axes(a):
+    return None if a.get("axes") is None else tuple(a["axes"])
+
+
+def _softmax(x, axis):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _logsumexp(a, x):
+    axes = _axes(a)
+    m = np.max(x, axis=axes, keepdims=True)
+    out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
+    return out if a["keepdims"] else np.squeeze(out, axis=axes)
+
+
+def _layer_norm(a, x):
+    axes = tuple(a["axes"])
+    centred = x - np.mean(x, axis=axes, keepdims=True)
+    return centred / np.sqrt(np.mean(centred * centred, axis=axes, keepdims=True) + a["eps"])
+
+
+def _clamp(a, x):
+    if "min" in a:
+        x = np.where(x < a["min"], a["min"], x)
+    if "max" in a:
+        x = np.where(x > a["max"], a["max"], x)
+    return x
+
+
+def _arg(fn):
+    def reference(a, x):
+        if a["axis"] is None:
+            i = fn(x.reshape(-1))
+            return np.reshape(i, (1,) * x.ndim) if a["keepdims"] else np.asarray(i)
+        return fn(x, axis=a["axis"], keepdims=a["keepdims"])
+    return reference
+
+
+def _scatter_add(a, u, idx):
+    size, q = a["size"], idx.ndim
+    axis = a["axis"] % (u.ndim - q + 1)
+    out = np.zeros(u.shape[:axis] + (size,) + u.shape[axis + q:])
+    for k in np.ndindex(*idx.shape):  # one index at a time, wrapped as NumPy wraps negative ones
+        out[(slice(None),) * axis + (idx[k] % size,)] += u[(slice(None),) * axis + k]
+    return out
+
+
+def _per_axis(value, nd):
+    return tuple(value) if isinstance(value, tuple) else (value,) * nd
+
+
+def window_offsets(op: str, attrs: dict, x_shape: tuple, w_shape: tuple | None) -> int:
+    """The kernel offsets a conv or pool visits, as docs/limits.md counts them: every offset of
+    a conv's kernel; for a pool, per axis the offsets k in [p - (OS-1)·s, p + S - 1] (the only
+    ones that can read an input element)."""
+    nd = len(x_shape) - 2
+    if op.startswith("conv"):
+        return math.prod(w_shape[2:])
+    kernel = _per_axis(attrs["kernel_size"], nd)
+    stride = kernel if attrs["stride"] is None else _per_axis(attrs["stride"], nd)
+    padding = _per_axis(attrs["padding"], nd)
+    count = 1
+    for size, k, s, p in zip(x_shape[2:], kernel, stride, padding):
+        out = (size + 2 * p - k) // s + 1
+        count *= max(0, min(k - 1, p + size - 1) - max(0, p - (out - 1) * s) + 1)
+    return count
+
+
+def _windows(xp, kernel, stride, dilation, out):
+    """(offset, what offset reads in every window) over the padded item `xp` (N, C, *S)."""
+    for k in np.ndindex(*kernel):
+        index = tuple(slice(k[i] * dilation[i], k[i] * dilation[i] + stride[i] * (out[i] - 1) + 1, stride[i])
+                      for i in range(len(kernel)))
+        yield k, xp[(slice(None), slice(None)) + index]
+
+
+def _conv(a, x, w):
+    nd = x.ndim - 2
+    stride, padding, dilation = (_per_axis(a[k], nd) for k in ("stride", "padding", "dilation"))
+    groups, kernel = a["groups"], w.shape[2:]
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    out_sp = tuple((x.shape[2 + i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
+                   for i in range(nd))
+    out = np.zeros((x.shape[0], w.shape[0]) + out_sp)
+    cg, og = x.shape[1] // groups, w.shape[0] // groups
+    for k, window in _windows(xp, kernel, stride, dilation, out_sp):
+        for g in range(groups):
+            for o in range(g * og, (g + 1) * og):
+                for c in range(cg):
+                    out[:, o] += w[(o, c) + k] * window[:, g * cg + c]
+    return out
+
+
+def _pool(kind):
+    def reference(a, x):
+        nd = x.ndim - 2
+        kernel = _per_axis(a["kernel_size"], nd)
+        stride = kernel if a["stride"] is None else _per_axis(a["stride"], nd)
+        padding = _per_axis(a["padding"], nd)
+        xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding], constant_values=-np.inf if kind == "max" else 0.0)
+        out_sp = tuple((x.shape[2 + i] + 2 * padding[i] - kernel[i]) // stride[i] + 1 for i in range(nd))
+        out = np.full(x.shape[:2] + out_sp, -np.inf if kind == "max" else 0.0)
+        for _, window in _windows(xp, kernel, stride, (1,) * nd, out_sp):
+            out = np.maximum(out, window) if kind == "max" else out + window
+        return out if kind == "max" else out / math.prod(kernel)
+    return reference
+
+
+REFERENCES = {
+    "min": lambda a, x: np.min(x, axis=_axes(a), keepdims=a["keepdims"]),
+    "logsumexp": _logsumexp,
+    "softmax": lambda a, x: _softmax(x, a["axis"]),
+    "log_softmax": lambda a, x: np.log(_softmax(x, a["axis"])),
+    "cumsum": lambda a, x: np.cumsum(x, axis=a["axis"]),
+    "layer_norm": _layer_norm,
+    "clamp": _clamp,
+    "argmax": _arg(np.argmax),
+    "argmin": _arg(np.argmin),
+    "gather": lambda a, x, idx: np.take(x, idx, axis=a["axis"]),
+    "scatter_add": _scatter_add,
+    "einsum": lambda a, *xs: np.einsum(a["subscripts"], *xs, optimize=False),
+    "conv1d": _conv,
+    "conv2d": _conv,
+    "max_pool1d": _pool("max"),
+    "max_pool2d": _pool("max"),
+    "avg_pool1d": _pool("avg"),
+    "avg_pool2d": _pool("avg"),
+}
+
+# How a user writes each of them with the client.
+CLIENT_CALLS = {
+    "min": lambda a, x, name: sg.min(x, a["axes"], a["keepdims"], name=name),
+    "logsumexp": lambda a, x, name: sg.logsumexp(x, a["axes"], a["keepdims"], name=name),
+    "softmax": lambda a, x, name: sg.softmax(x, a["axis"], name=name),
+    "log_softmax": lambda a, x, name: sg.log_softmax(x, a["axis"], name=name),
+    "cumsum": lambda a, x, name: sg.cumsum(x, a["axis"], name=name),
+    "layer_norm": lambda a, x, name: sg.layer_norm(x, a["axes"], a["eps"], name=name),
+    "clamp": lambda a, x, name: sg.clamp(x, a.get("min"), a.get("max"), name=name),
+    "argmax": lambda a, x, name: sg.argmax(x, a["axis"], a["keepdims"], name=name),
+    "argmin": lambda a, x, name: sg.argmin(x, a["axis"], a["keepdims"], name=name),
+    "gather": lambda a, x, idx, name: sg.gather(x, idx, a["axis"], name=name),
+    "scatter_add": lambda a, u, idx, name: sg.scatter_add(u, idx, a["size"], a["axis"], name=name),
+    "einsum": lambda a, *xs, name: sg.einsum(a["subscripts"], *xs, name=name),
+    "conv1d": lambda a, x, w, name: sg.conv1d(x, w, a["stride"], a["padding"], a["dilation"], a["groups"], name=name),
+    "conv2d": lambda a, x, w, name: sg.conv2d(x, w, a["stride"], a["padding"], a["dilation"], a["groups"], name=name),
+    "max_pool1d": lambda a, x, name: sg.max_pool1d(x, a["kernel_size"], a["stride"], a["padding"], name=name),
+    "max_pool2d": lambda a, x, name: sg.max_pool2d(x, a["kernel_size"], a["stride"], a["padding"], name=name),
+    "avg_pool1d": lambda a, x, name: sg.avg_pool1d(x, a["kernel_size"], a["stride"], a["padding"], name=name),
+    "avg_pool2d": lambda a, x, name: sg.avg_pool2d(x, a["kernel_size"], a["stride"], a["padding"], name=name),
+}
+
 
 def _broadcasts(s: tuple, shape: tuple) -> bool:
     """Whether a value of shape `s` broadcasts to `shape` (without growing it)."""
@@ -649,7 +1087,7 @@ def cases(draw, vocabulary: Vocabulary, ops: tuple | None = None, seeds=None) ->
     values = {}
     for name, x in b.inputs.items():  # item by item: a sampler's spacing is per item
         items = [x.sampler(rng, x.shape) for _ in np.ndindex(*x.lead)]
-        values[name] = np.asarray(items, dtype=np.float64).reshape(x.lead + x.shape)
+        values[name] = np.asarray(items, dtype=x.dtype).reshape(x.lead + x.shape)
     leads = [x.lead for x in b.inputs.values()]
     full_batch = tuple(np.broadcast_shapes(*leads)) if leads else ()
     with_seeds = draw(st.booleans()) if seeds is None else seeds

@@ -3,6 +3,8 @@ bounds, GELU's forms) and refusals with the right status."""
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import numpy as np
 import pytest
@@ -79,6 +81,67 @@ def test_einsum_batches_every_operand_like_vmap(client, rng):
         for t in range(3):
             np.testing.assert_allclose(out[s, t], av[s, 0] @ bv[t], rtol=1e-13)
             np.testing.assert_allclose(da[s, t], seed[s, t] @ bv[t].T, rtol=1e-13)
+
+
+@pytest.mark.parametrize("subscripts, sizes", [
+    ("u,uS,u", {"u": 182, "S": 2}),  # found by the differential fuzzer (issue 12)
+    ("i,i,i->i", {"i": 4}),  # every letter in the output: NumPy's path is one step of all three
+    ("ij,j,jk,k->", {"i": 2, "j": 3, "k": 2}),
+])
+def test_einsum_of_three_or_more_operands_whose_path_contracts_them_at_once(client, rng, subscripts, sizes):
+    """NumPy's greedy path may contract three or more operands in one step (when every letter
+    is in the output, or no pair fits its memory bound): 'u,uS,u' was INTERNAL ('too many
+    values to unpack') in evaluate and gradient. Values and gradients against NumPy loops over
+    the letters (the definition), with batch axes on one operand."""
+    lhs, _, out = subscripts.partition("->")
+    terms = lhs.split(",")
+    if "->" not in subscripts:
+        out = "".join(sorted(c for c in sizes if lhs.count(c) == 1))
+    g = sg.Graph()
+    handles = [g.input(f"x{k}", tuple(sizes[c] for c in t)) for k, t in enumerate(terms)]
+    g.output("out", sg.einsum(subscripts, *handles))
+    f = client.register(g)
+    values = {f"x{k}": rng.normal(size=((2,) if k == 0 else ()) + tuple(sizes[c] for c in t))
+              for k, t in enumerate(terms)}
+    got = f.evaluate(values)["out"]
+    seed = rng.normal(size=got.shape)
+    grads = f.gradient(values, seeds={"out": seed})
+    letters = sorted(sizes)
+    for b in range(2):
+        xs = [values[f"x{k}"][b] if k == 0 else values[f"x{k}"] for k in range(len(terms))]
+        want = np.zeros(tuple(sizes[c] for c in out))
+        dx = [np.zeros_like(x) for x in xs]
+        for combo in np.ndindex(*(sizes[c] for c in letters)):
+            at = dict(zip(letters, combo))
+            factors = [x[tuple(at[c] for c in t)] for x, t in zip(xs, terms)]
+            o = tuple(at[c] for c in out)
+            want[o] += math.prod(factors)
+            for k, t in enumerate(terms):
+                dx[k][tuple(at[c] for c in t)] += seed[b][o] * math.prod(factors[:k] + factors[k + 1:])
+        np.testing.assert_allclose(got[b], want, rtol=1e-12, atol=1e-12)
+        for k in range(len(terms)):
+            np.testing.assert_allclose(grads[f"x{k}"][b], dx[k], rtol=1e-12, atol=1e-12)
+
+
+def test_an_einsum_of_few_products_over_large_operands_is_not_refused(client, rng):
+    """The request's operation bound counted an einsum by its element-level expansion bound
+    (operands × the product of the operands' sizes: 1.9·10¹² for 'lpV,lV,lpV->' at l = V = 64,
+    p = 3), so a call of 24,576 products was RESOURCE_EXHAUSTED past max_request_operations
+    (found by the differential fuzzer). The kernel's contractions are what it computes.
+    Values and gradients by the closed forms of Σ a·b·c."""
+    g = sg.Graph()
+    a, b, c = g.input("a", (64, 3, 64)), g.input("b", (64, 64)), g.input("c", (64, 3, 64))
+    g.output("out", sg.einsum("lpV,lV,lpV->", a, b, c))
+    f = client.register(g)
+    values = {"a": rng.normal(size=(2, 64, 3, 64)), "b": rng.normal(size=(64, 64)), "c": rng.normal(size=(64, 3, 64))}
+    got = f.evaluate(values)["out"]
+    grads = f.gradient(values)
+    for i in range(2):
+        ai, bb, cc = values["a"][i], values["b"][:, None, :], values["c"]
+        np.testing.assert_allclose(got[i], np.sum(ai * bb * cc), rtol=1e-12)
+        np.testing.assert_allclose(grads["a"][i], bb * cc, rtol=1e-12)
+        np.testing.assert_allclose(grads["c"][i], ai * bb, rtol=1e-12)
+        np.testing.assert_allclose(grads["b"][i], np.sum(ai * cc, axis=1), rtol=1e-12)
 
 
 def test_argmax_and_argmin_take_the_first_of_ties_and_flatten_without_an_axis(client):

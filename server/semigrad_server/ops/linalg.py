@@ -74,37 +74,41 @@ def _canonical(terms, out) -> str:
 
 
 def _kernel(attrs, in_types, out_type):
-    """Two operands: one einsum. More: pairwise einsums in an order chosen once from the item
-    shapes (NumPy's greedy path), so a result never depends on how many batch items came
-    with it (a path chosen per call could change with the batch size, and the rounding too)."""
+    """Two operands: one einsum. More: einsums of the operands NumPy's greedy path contracts
+    together, in an order chosen once from the item shapes, so a result never depends on how
+    many batch items came with it (a path chosen per call could change with the batch size,
+    and the rounding too)."""
     terms, out, _ = parse(_NoNode, attrs["subscripts"], in_types)
     if len(terms) <= 2:
         spec = _canonical(terms, out)
         return lambda *xs: np.einsum(spec, *xs)
-    steps = [(i, j, _canonical([b, a], new)) for i, j, a, b, new in _pairwise(terms, out, in_types)]
+    steps = [(positions, _canonical(contracted, new)) for positions, contracted, new in _steps(terms, out, in_types)]
 
     def einsum(*xs):
         xs = list(xs)
-        for i, j, spec in steps:
-            a, b = xs.pop(i), xs.pop(j)
-            xs.append(np.einsum(spec, b, a))
+        for positions, spec in steps:
+            operands = [xs.pop(i) for i in positions]
+            xs.append(np.einsum(spec, *reversed(operands)))
         return xs[0]
 
     return einsum
 
 
-def _pairwise(terms, out, in_types):
-    """The kernel's steps for three or more operands: (i, j, term i, term j, result term), each
-    contracting the live operands i > j into one appended last (NumPy's greedy path)."""
+def _steps(terms, out, in_types):
+    """The kernel's steps for three or more operands: (live positions in descending order,
+    their terms in ascending order, result term), each contracting those live operands into
+    one appended last, as NumPy's greedy path says. A step holds two operands, or more: the
+    path contracts every operand at once when all letters are in the output ('i,i,i->i') or
+    when no pair fits its memory bound ('u,uS,u')."""
     item_spec = ",".join(terms) + "->" + out
     path = np.einsum_path(item_spec, *(np.broadcast_to(0.0, t.shape) for t in in_types), optimize="greedy")[0][1:]
     steps, live = [], list(terms)
-    for pair in path:
-        i, j = sorted(pair, reverse=True)
-        a, b = live.pop(i), live.pop(j)
+    for group in path:
+        positions = sorted(group, reverse=True)
+        contracted = [live.pop(i) for i in positions][::-1]
         rest = set(out).union(*live)
-        new = "".join(c for c in dict.fromkeys(b + a) if c in rest) if live else out
-        steps.append((i, j, a, b, new))
+        new = "".join(c for c in dict.fromkeys("".join(contracted)) if c in rest) if live else out
+        steps.append((tuple(positions), contracted, new))
         live.append(new)
     return steps
 
@@ -116,7 +120,7 @@ def _work(attrs, in_types, out_type) -> int:
     terms, out, sizes = parse(_NoNode, attrs["subscripts"], in_types)
     if len(terms) <= 2:
         return math.prod(sizes.values())
-    return sum(math.prod(sizes[c] for c in set(a + b)) for _, _, a, b, _ in _pairwise(terms, out, in_types))
+    return sum(math.prod(sizes[c] for c in set("".join(contracted))) for _, contracted, _ in _steps(terms, out, in_types))
 
 
 class _NoNode:  # kernels run on checked nodes: parse never raises there

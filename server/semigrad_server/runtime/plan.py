@@ -77,10 +77,11 @@ class Plan:
         self.types = {ref: types[ref] for ref in slots}
         self.item_elements = sum(t.size for t in self.types.values()) or 1
         self.heaviest = None  # (work, node id) of the costliest kernel with work beyond its result
-        for node in live_order:  # work a kernel does beyond its result (an einsum's contractions)
+        kernel_work = {}  # node -> work its kernel does beyond its result (an einsum's contractions)
+        for node in live_order:
             work = registry.get(node).work
             if work is not None:
-                work = work(node_attrs[node.id], [types[r] for r in node.inputs], types[node.id])
+                work = kernel_work[node.id] = work(node_attrs[node.id], [types[r] for r in node.inputs], types[node.id])
                 self.item_elements += work
                 self.heaviest = max(self.heaviest or (work, node.id), (work, node.id))
 
@@ -90,8 +91,11 @@ class Plan:
             if ops[node.id].kind not in ("hook", "semiring") and all(r in constant for r in node.inputs) \
                     and types[node.id].size <= MAX_FOLDED_ELEMENTS:
                 constant.add(node.id)
-        # scalar operations per batch item (a matmul's inner products counted): the work bound
+        # scalar operations per batch item (a matmul's inner products counted): the work bound. An op
+        # that declares its kernel's work is counted by it (an einsum's contractions), not by its
+        # element-level expansion's bound, which for an einsum is the product of its operands' sizes
         self.item_operations = max(1, sum(
+            kernel_work[node.id] + types[node.id].size if node.id in kernel_work else
             max(ops[node.id].scalar_cost([types[r] for r in node.inputs], types[node.id]), types[node.id].size)
             for node in live_order if node.id not in constant))
         groups = fusion_groups(live_order, ops, types, kept={ref for _, ref in outputs},
