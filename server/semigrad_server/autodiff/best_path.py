@@ -214,6 +214,7 @@ class _Walker:
             flat = (ids - self.starts[node]).astype(np.int64)
             ptr, nxt_partial = np.empty(here.shape), np.empty(here.shape)
             for n in np.unique(node).tolist():
+                check("tracing best paths")
                 sel = np.flatnonzero(node == n)
                 ref = self.names[n]
                 comps = self.read(self.results[OutputKey.adjoint(ref)], ref, b[sel], flat[sel])
@@ -225,4 +226,5 @@ class _Walker:
                 elems = np.stack(np.unravel_index(flat[sel], shape), axis=-1).tolist() if shape else [[]] * sel.size
                 for i, el, q in zip(here[sel].tolist(), elems, partial[sel].tolist()):
                     paths[i].steps.append((ref, tuple(el), q))
+                check("tracing best paths")
             at, partial = node, nxt_partial

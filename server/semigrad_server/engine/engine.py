@@ -253,9 +253,11 @@ class Engine:
                 results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
         paths = []
         if spec.best_paths or spec.top_paths:
-            paths = (trace_top_paths(cg, compiled.backward, plan_semiring, results, batch, spec.top_paths)
+            paths = (interruptibly("tracing best paths", trace_top_paths, cg, compiled.backward, plan_semiring, results,
+                                   batch, spec.top_paths)
                      if spec.top_paths else
-                     trace_best_paths(cg, compiled.backward, plan_semiring, results, batch, spec.best_paths))
+                     interruptibly("tracing best paths", trace_best_paths, cg, compiled.backward, plan_semiring, results,
+                                   batch, spec.best_paths))
             results = {k: plan_semiring.value_of(v) if isinstance(v, tuple) else v for k, v in results.items()}
         result = gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
         result.best_paths = paths

@@ -129,7 +129,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             spec = convert.gradient_spec(request, shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
             result = self.engine.run_gradient(spec, until, hook_run)
-            return convert.gradient_response(result, writer)
+            # (a message of many best paths takes seconds to build: 420,000 path steps, ~2 s)
+            return deadline.interruptibly("writing the response", convert.gradient_response, result, writer)
 
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK
