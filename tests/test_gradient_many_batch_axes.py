@@ -57,3 +57,22 @@ def test_disagreeing_batch_axes_refused_like_gradient(graph, chunk_size):
         graph.gradient_many(inputs, chunk_size=chunk_size, progress=False)
     assert streamed.value.message == unary.value.message
     assert "x: [3]" in streamed.value.message and "w: [4]" in streamed.value.message
+
+
+@pytest.mark.parametrize("p_batch, q_batch", [((1000, 3), (1000, 3)), ((1000, 1), (1, 3))])
+def test_items_allowed_are_counted_over_every_batch_axis(p_batch, q_batch):
+    """A chunk refused for its item count says how many items fit (max_items); chunks are cut
+    along the first batch axis, whose rows hold the product of the other batch axes' items. With
+    two batch axes, (1000, 3), the client cut 500 rows (1,500 items) down to max_items = 1,000 rows
+    (3,000 items) and failed every chunk."""
+    from semigrad_server.limits import Limits
+
+    g = sg.Graph()
+    p, q = g.input("p", ()), g.input("q", ())
+    g.output("o", sg.sin(p) * q)
+    rng = np.random.default_rng(5)
+    pv, qv = rng.normal(size=p_batch), rng.normal(size=q_batch)
+    with sg.Client(limits=Limits(max_batch=1000)) as client:
+        grads = client.register(g).gradient_many({"p": pv, "q": qv}, progress=False)
+    np.testing.assert_allclose(grads["p"], np.cos(pv) * qv, rtol=1e-15)
+    np.testing.assert_allclose(grads["q"], np.broadcast_to(np.sin(pv), (1000, 3)), rtol=1e-15)

@@ -5,6 +5,7 @@ the chunks' results reassembled into arrays for the whole batch."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -54,6 +55,10 @@ class Batch:
         _broadcast_batch(self.inputs, specs, self.batched, self.seeds, graph.output_specs)
         sizes = {self.inputs[name].shape[0] for name in self.batched}
         self.total = sizes.pop() if sizes else 1
+        # items in one index of the first batch axis (what chunks are cut along): the product of
+        # the other batch axes, for turning the server's item counts (max_items) into rows
+        leads = [self.inputs[name].shape[1:self.inputs[name].ndim - len(specs[name].shape)] for name in self.batched]
+        self.row_items = max(1, math.prod(max(leads, key=len))) if leads else 1
 
     def limit_key(self, options: Mapping[str, object]) -> tuple:
         """What decides the server's plan, and so how many items its limits allow per chunk:
@@ -275,8 +280,9 @@ def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: lis
         for message in responses:
             placement = placements.pop(message.chunk, None)
             try:
-                if message.code == RESOURCE_EXHAUSTED and 0 < message.max_items < chunk_size:
-                    refused[message.chunk] = message.max_items
+                rows = message.max_items // batch.row_items  # the server counts items over every batch axis
+                if message.code == RESOURCE_EXHAUSTED and 0 < rows < chunk_size:
+                    refused[message.chunk] = rows
                 elif message.code:
                     failures.append((message.chunk, message.code, message.message))
                 else:  # copied straight from the message or the region into the whole batch's arrays
