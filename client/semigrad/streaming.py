@@ -5,6 +5,7 @@ the chunks' results reassembled into arrays for the whole batch."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import codec, messages
-from .errors import ResourceExhausted, SemigradError, Unavailable, error_for_code
+from .errors import InvalidArgument, ResourceExhausted, SemigradError, Unavailable, error_for_code
 from .messages import Gradients, SemiringGradients
 from .shared_memory import Placement
 from .specs import TensorSpec
@@ -51,10 +52,13 @@ class Batch:
         self.inputs = messages.arrays(inputs, specs)
         self.seeds = messages.arrays(seeds, graph.output_specs, "seed for output")
         self.batched = {name for name, a in self.inputs.items() if _has_batch(a, specs.get(name))}
+        _broadcast_batch(self.inputs, specs, self.batched, self.seeds, graph.output_specs)
         sizes = {self.inputs[name].shape[0] for name in self.batched}
-        if len(sizes) > 1:
-            raise ValueError(f"batched inputs disagree on the first batch axis: {sorted(sizes)}")
         self.total = sizes.pop() if sizes else 1
+        # items in one index of the first batch axis (what chunks are cut along): the product of
+        # the other batch axes, for turning the server's item counts (max_items) into rows
+        leads = [self.inputs[name].shape[1:self.inputs[name].ndim - len(specs[name].shape)] for name in self.batched]
+        self.row_items = max(1, math.prod(max(leads, key=len))) if leads else 1
 
     def limit_key(self, options: Mapping[str, object]) -> tuple:
         """What decides the server's plan, and so how many items its limits allow per chunk:
@@ -65,6 +69,28 @@ class Batch:
         """The inputs and seeds of items start..start + items (values without batch axes whole)."""
         inputs = _cut(self.inputs, self.graph.input_specs, start, items, self.batched)
         return inputs, _cut(self.seeds, self.graph.output_specs, start, items, self.batched)
+
+
+def _broadcast_batch(inputs: dict[str, np.ndarray], specs: Mapping[str, TensorSpec], batched: set[str],
+                     seeds: dict[str, np.ndarray], seed_specs: Mapping[str, TensorSpec]) -> None:
+    """Batch shapes that differ but broadcast (NumPy's rules, as gradient takes them: (1,) with
+    (6,), (5,) under (2, 5)) become the broadcast shape, as read-only views, so that chunks cut
+    along the first batch axis hold the same items as one call; shapes that do not broadcast are
+    the server's INVALID_ARGUMENT, worded as it words it."""
+    leads = [(name, a.shape[:a.ndim - len(specs[name].shape)] if name in batched else ()) for name, a in inputs.items()]
+    if len({lead for _, lead in leads if lead}) <= 1:
+        return
+    try:
+        shape = tuple(np.broadcast_shapes(*(lead for _, lead in leads if lead)))
+    except ValueError:
+        described = ", ".join(f"{name}: {list(lead)}" for name, lead in leads)
+        raise InvalidArgument(f"batch dimensions of the inputs do not broadcast ({described})") from None
+    for name in batched:
+        inputs[name] = np.broadcast_to(inputs[name], shape + tuple(specs[name].shape))
+    for name, seed in seeds.items():
+        spec = seed_specs.get(name)
+        if spec is not None and seed.ndim > len(spec.shape):
+            seeds[name] = np.broadcast_to(seed, shape + tuple(spec.shape))
 
 
 def _cut(values: Mapping[str, np.ndarray], specs: Mapping[str, TensorSpec], start: int, items: int,
@@ -254,8 +280,9 @@ def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: lis
         for message in responses:
             placement = placements.pop(message.chunk, None)
             try:
-                if message.code == RESOURCE_EXHAUSTED and 0 < message.max_items < chunk_size:
-                    refused[message.chunk] = message.max_items
+                rows = message.max_items // batch.row_items  # the server counts items over every batch axis
+                if message.code == RESOURCE_EXHAUSTED and 0 < rows < chunk_size:
+                    refused[message.chunk] = rows
                 elif message.code:
                     failures.append((message.chunk, message.code, message.message))
                 else:  # copied straight from the message or the region into the whole batch's arrays

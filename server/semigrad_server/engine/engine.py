@@ -32,7 +32,7 @@ from ..store import GraphStore, LruCache, MemoryGraphStore, Quota
 from . import tenancy
 from .execution import MemoryBudget, check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
-from .graphs import Batch, CompiledGraph, compile_graph
+from .graphs import Batch, CompiledGraph, check_node_count, compile_graph
 from .remembered import CheckedGradient, result_slot
 from .results import GradientResult, full, gradient_result
 from .specs import EvaluateSpec, GradientSpec, HookRequest
@@ -67,6 +67,10 @@ class Engine:
         self.quota = Quota(capacity=capacity, graphs=self.limits.max_tenant_graphs, bytes=self.limits.max_tenant_bytes)
 
     # ------------------------------------------------------------ registration
+    def check_node_count(self, count: int) -> None:
+        """Refuse a graph of `count` nodes over max_nodes before anything reads its nodes."""
+        check_node_count(count, self.limits)
+
     def register(self, graph: Graph) -> tuple[CompiledGraph, bool]:
         """Validate and store `graph` for the current tenant; `created`: this call stored it (never
         whether another tenant has it)."""

@@ -118,10 +118,17 @@ class CompiledGraph:
         return Batch(arrays, shape)
 
 
+def check_node_count(count: int, limits: Limits) -> None:
+    """RESOURCE_EXHAUSTED for a graph of `count` nodes over `max_nodes`: asked of a registration's
+    message before its nodes are read (reading the 219,199 nodes of a recursive det n=8 took
+    seconds), and of every graph compiled."""
+    if count > limits.max_nodes:
+        raise ResourceExhausted(f"graph has {count} nodes; the limit is {limits.max_nodes}")
+
+
 def compile_graph(graph: Graph, limits: Limits) -> CompiledGraph:
     """Validate a graph (structure, ops, attributes, shapes, limits) and type every node."""
-    if len(graph.nodes) > limits.max_nodes:
-        raise ResourceExhausted(f"graph has {len(graph.nodes)} nodes; the limit is {limits.max_nodes}")
+    check_node_count(len(graph.nodes), limits)
     order = ir.validate_structure(graph)
     registry = registry_for(graph.op_defs)
     types = {s.name: s.type for s in graph.inputs}

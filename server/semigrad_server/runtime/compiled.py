@@ -64,7 +64,7 @@ class ScalarExecutable:
             distinct = {lead for lead in leads if lead}
             batch = (distinct.pop() if len(distinct) == 1 else tuple(np.broadcast_shapes(*distinct))) if distinct else ()
         if backend == "jit" or (backend == "auto" and self.jit is not None and self._jit_pays(batch)):
-            result = self._run_jit(inputs, leads, batch, force=backend == "jit")
+            result = self._run_jit(inputs, leads, batch, force=backend == "jit", until=deadline)
             if result is not None:
                 return result
         if not batch:
@@ -101,13 +101,13 @@ class ScalarExecutable:
         self.single_calls += 1
         return self.single_calls >= HOT_SINGLE_CALLS
 
-    def _run_jit(self, inputs, leads, batch: tuple, force: bool):
+    def _run_jit(self, inputs, leads, batch: tuple, force: bool, until: float | None = None):
         if self.jit is None:
             if force:
                 raise FailedPrecondition(f"the jit backend cannot run this graph: {self.jit_refusal}")
             return None
         pattern = tuple(bool(lead) for lead in leads)
-        kernel = self.jit.kernel(pattern) if force else self.jit.ready_kernel(pattern)
+        kernel = self.jit.kernel(pattern, until) if force else self.jit.ready_kernel(pattern)
         if kernel is None:
             return None  # compiling in the background; NumPy rows serve meanwhile
         if not batch:

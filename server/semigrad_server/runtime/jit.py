@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from .. import deadline
-from ..errors import FailedPrecondition
+from ..errors import DeadlineExceeded, FailedPrecondition
 from .allocation import result_array, results_in
 from .codegen import expression
 from .scalarize import MAX_SCALARS, ScalarProgram
@@ -141,19 +141,23 @@ class JitProgram:
             return f"the program has {len(p.instrs)} instructions; the JIT's limit is {MAX_INSTRUCTIONS}"
         return refusal(p.ops.values())
 
-    def kernel(self, batched: tuple[bool, ...]) -> Kernel:
+    def kernel(self, batched: tuple[bool, ...], until: float | None = None) -> Kernel:
         """The compiled kernel for this input pattern, waiting for its compile if needed; an op
         numba cannot compile (a float form that is not numba code) is FAILED_PRECONDITION. The
         compile runs in the background (a large program takes minutes): a request waits for it
-        only until its deadline (DEADLINE_EXCEEDED), while the compile goes on for later calls."""
+        only until its deadline (DEADLINE_EXCEEDED), while the compile goes on for later calls.
+        `until`: the run's deadline (time.monotonic()), checked beside the request's bound (the
+        in-process client's short path has a deadline but no bound)."""
         kernel = self._kernels.get(batched)
         if kernel is None or isinstance(kernel, threading.Thread):
             self.ready_kernel(batched)
             pending = self._kernels.get(batched)
+            where = "waiting for the JIT compile of this program (it goes on in the background: a later call finds it compiled)"
             while isinstance(pending, threading.Thread) and pending.is_alive():
-                deadline.check("waiting for the JIT compile of this program (it goes on in the background: "
-                               "a later call finds it compiled)")
-                pending.join(WAIT_STEP)
+                deadline.check(where)
+                if until is not None and time.monotonic() > until:
+                    raise DeadlineExceeded(f"deadline exceeded {where}")
+                pending.join(WAIT_STEP if until is None else max(0.0, min(WAIT_STEP, until - time.monotonic())))
             kernel = self._kernels[batched]
         if isinstance(kernel, CompileFailure):
             raise FailedPrecondition(f"the jit backend cannot compile this program: {kernel}")

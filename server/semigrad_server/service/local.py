@@ -14,6 +14,7 @@ the engine also checks the deadline while it works, as it does for remote calls.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Mapping
 
@@ -22,6 +23,7 @@ import numpy as np
 from semigrad import codec
 from semigrad.errors import DeadlineExceeded, SemigradError, error_for_code
 
+from .. import deadline as deadlines
 from ..engine import Engine
 from ..engine.specs import EvaluateSpec, GradientSpec
 from ..ir import MAX_RANK
@@ -83,6 +85,12 @@ def client_error(code: grpc.StatusCode, details: str) -> SemigradError:
     return error_for_code(code.value[0], details)
 
 
+def bounded(deadline: float | None):
+    """The call's deadline as the current request's bound (what `deadline.interruptibly` and
+    `deadline.check` read), as the servicer sets it for a remote call; nothing without one."""
+    return deadlines.serving(deadlines.Bound(deadline)) if deadline is not None else contextlib.nullcontext()
+
+
 def _late(deadline: float | None) -> None:
     if deadline is not None and time.monotonic() > deadline:
         raise DeadlineExceeded(GRPC_DEADLINE_MESSAGE)
@@ -134,9 +142,10 @@ class LocalService:
         backend = backend or "auto"
         try:  # a repeat of a signature checked before goes straight to its plan (no spec built)
             result = self.engine.remembered_gradient(graph_id, inputs, wrt, outputs, return_outputs, backend, deadline)
-            if result is None:
-                result = self.engine.run_gradient(GradientSpec(graph_id, inputs, wrt, outputs, None, return_outputs,
-                                                               "real", None, False, (), backend, (), ()), deadline)
+            if result is None:  # may compile: under a bound, as the servicer runs it, so compiling stops at the deadline
+                with bounded(deadline):
+                    result = self.engine.run_gradient(GradientSpec(graph_id, inputs, wrt, outputs, None, return_outputs,
+                                                                   "real", None, False, (), backend, (), ()), deadline)
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             raise client_error(*status.status_of(e, "Gradient")) from None
         if deadline is not None:
@@ -153,8 +162,9 @@ class LocalService:
                 return None
         deadline = deadline_after(timeout)
         try:
-            values, node_values = self.engine.run_evaluate(
-                EvaluateSpec(graph_id, inputs, outputs, nodes, backend or "auto"), deadline)
+            with bounded(deadline):
+                values, node_values = self.engine.run_evaluate(
+                    EvaluateSpec(graph_id, inputs, outputs, nodes, backend or "auto"), deadline)
         except Exception as e:  # noqa: BLE001
             raise client_error(*status.status_of(e, "Evaluate")) from None
         _late(deadline)

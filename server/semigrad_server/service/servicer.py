@@ -95,6 +95,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
 
     @rpc
     def RegisterGraph(self, request, context):
+        self.engine.check_node_count(len(request.graph.nodes))  # before reading them
         cg, created = self.engine.register(deadline.interruptibly("reading the graph", convert.graph_from_proto,
                                                                   request.graph))
         return pb.RegisterGraphResponse(graph_id=cg.id, created=created, types=convert.node_types(cg.types),
