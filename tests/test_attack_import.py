@@ -189,13 +189,20 @@ def test_adaptive_avg_pool_imports_when_the_output_divides_the_input(in_process_
     np.testing.assert_allclose(grads["0.weight"], model[0].weight.grad.numpy(), rtol=1e-10, atol=1e-13)
 
 
-def test_adaptive_avg_pool_with_unequal_windows_is_refused_naming_the_op():
+def test_adaptive_avg_pool_with_unequal_windows_matches_torch(in_process_client):
+    """8 -> 3 windows are unequal (torch's start/end rule): once refused by name, now imported
+    (constant averaging matrices), values and input gradients equal torch.autograd's."""
     torch = pytest.importorskip("torch")
     model = torch.nn.AdaptiveAvgPool2d((3, 3))
-    with pytest.raises(sg.TorchImportError) as info:
-        sg.from_torch(model, (torch.ones(1, 2, 8, 8, dtype=torch.float64),))
-    (problem,) = info.value.problems
-    assert problem[0] == "aten._adaptive_avg_pool2d.default" and "divide" in str(info.value)
+    x = torch.randn(1, 2, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    imported = sg.from_torch(model, (x.detach(),))
+    inputs = imported.inputs_for(x.detach())
+    (name,) = inputs
+    out = model(x)
+    out.sum().backward()
+    grads, outs = in_process_client.register(imported.graph).gradient(inputs, wrt=[name], return_outputs=True)
+    np.testing.assert_allclose(outs["output"], out.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grads[name], x.grad.numpy(), rtol=1e-12)
 
 
 # ---------------------------------------------------------------- from_torch: embedding padding_idx
