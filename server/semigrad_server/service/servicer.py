@@ -38,14 +38,19 @@ def rpc(method):
         start = time.perf_counter()
         code, detail = grpc.StatusCode.OK, ""
         bound = self.bound(context)
+        stopped = None
         try:
             with deadline.serving(bound):
                 return method(self, status.decoded(request), context)
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
+            # When the work stopped: read before the interrupted work's objects are freed with its
+            # frames, at the end of this clause (30,000 best paths: 0.1-0.2 s of deallocation).
+            stopped = _overrun(bound)
             code, detail = status.status_of(e, method.__name__)
         finally:
             log.info("rpc=%s graph=%s status=%s ms=%.2f%s%s", method.__name__, _graph_of(request), code.name,
-                     (time.perf_counter() - start) * 1e3, _overrun(bound), f" detail={detail!r}" if detail else "")
+                     (time.perf_counter() - start) * 1e3, _overrun(bound) if stopped is None else stopped,
+                     f" detail={detail!r}" if detail else "")
         context.abort(code, detail)
 
     return handler
