@@ -26,7 +26,7 @@ import itertools
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from .errors import Cancelled, DeadlineExceeded
 
@@ -96,6 +96,16 @@ def check(where: str) -> None:
     bound = CURRENT.get()
     if bound is not None and (bound.cancelled or time.monotonic() > bound.deadline):
         raise bound.error(where)
+
+
+def checking(items: Iterable[T], where: str, every: int = 1024) -> Iterator[T]:
+    """`items`, with `check(where)` before every `every`-th one: long Python loops (best paths'
+    steps, their messages) stop at the deadline even when the watchdog's interruption was lost
+    (Python drops an asynchronous exception that lands in a weakref callback the collector runs)."""
+    for k, item in enumerate(items):
+        if k % every == 0:
+            check(where)
+        yield item
 
 
 def deadline() -> float | None:

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import ir
-from ..deadline import check
+from ..deadline import check, checking
 from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..runtime.outputs import OutputKey
 from ..semiring.pointers import OUTPUT
@@ -115,7 +115,7 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -
     paths: list = [None] * sum(len(g[3]) for g in groups)
     zero = s.base.zeros(())
     for x, b, e, positions in groups:
-        mine = [BestPathResult(x, index) for index in walker.full_indices(x, b, e)]
+        mine = [BestPathResult(x, index) for index in checking(walker.full_indices(x, b, e), "tracing best paths")]
         for position, p in zip(positions.tolist(), mine):
             paths[position] = p
         if backward.gradients.get(x) is None:
@@ -124,7 +124,7 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -
             continue
         value, ptr, partial = walker.read(results[OutputKey.gradient(x)], x, b, e)
         for key, arr in s.base.read(value).items():
-            for p, v in zip(mine, np.asarray(arr).tolist()):
+            for p, v in checking(zip(mine, np.asarray(arr).tolist()), "tracing best paths"):
                 p.value[key] = float(v)
         alive = ~np.asarray(s.base.equal(value, zero, rtol=0, atol=0)) & (ptr >= 0)
         here = np.nonzero(alive)[0]
@@ -224,7 +224,7 @@ class _Walker:
                 nxt_partial[sel] = np.stack(comps[2 * k:], axis=-1)[rows, r]
                 shape = self.cg.types[ref].shape
                 elems = np.stack(np.unravel_index(flat[sel], shape), axis=-1).tolist() if shape else [[]] * sel.size
-                for i, el, q in zip(here[sel].tolist(), elems, partial[sel].tolist()):
+                for i, el, q in checking(zip(here[sel].tolist(), elems, partial[sel].tolist()), "tracing best paths"):
                     paths[i].steps.append((ref, tuple(el), q))
                 check("tracing best paths")
             at, partial = node, nxt_partial

@@ -8,6 +8,7 @@ import numpy as np
 from semigrad import codec
 from semigrad.v1 import semigrad_pb2 as pb
 
+from .. import deadline
 from ..engine.specs import EvaluateSpec, GradientSpec, HookRequest
 from ..errors import InvalidArgument, quoted
 from ..ir import MAX_RANK, Graph, InputSpec, Node, OpDefinition, Type
@@ -179,7 +180,7 @@ def gradient_response(result, writer: Writer | None = None) -> pb.GradientRespon
         fields["best_paths"] = [pb.BestPath(
             start=pb.ElementRef(input=p.input, index=p.index), output=p.output,
             steps=[pb.PathStep(node=node, index=index, partial=partial) for node, index, partial in p.steps],
-            value=p.value) for p in result.best_paths]
+            value=p.value) for p in deadline.checking(result.best_paths, "writing the response", every=256)]
     if result.semirings:
         fields["semirings"] = {name: gradient_response(part, writer) for name, part in result.semirings.items()}
     return pb.GradientResponse(**fields)
