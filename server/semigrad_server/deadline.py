@@ -82,6 +82,7 @@ class Bound:
         with _LOCK:
             for region in list(self.regions):
                 region.fire()
+                _WATCHDOG.refire(region)
 
 
 CURRENT: contextvars.ContextVar[Bound | None] = contextvars.ContextVar("semigrad_bound", default=None)
@@ -147,8 +148,9 @@ class _Region:
         self.thread, self.bound, self.armed, self.fired = thread, bound, True, False
 
     def fire(self) -> None:
-        """(_LOCK held) Raise Interrupted in the region's thread, once, if it is still inside."""
-        if self.armed and not self.fired:
+        """(_LOCK held) Raise Interrupted in the region's thread if it is still inside. (At most
+        one is ever pending: a second call replaces the first, it does not queue another.)"""
+        if self.armed:
             self.fired = True
             _set_async_exc(self.thread, Interrupted)
 
@@ -167,6 +169,7 @@ class _Region:
                 continue
 
 
+REFIRE_SECONDS = 0.25  # a region still armed this long after it was fired is fired again (_Watchdog)
 MAX_WAIT_SECONDS = 60.0  # the watchdog's longest sleep (it wakes sooner for every new region)
 COMPACT_AT = 1024  # regions waiting in the watchdog's heap before the ones already left are dropped
 
@@ -195,6 +198,15 @@ class _Watchdog:
             self._wake.notify()
             if region.bound.cancelled:
                 region.fire()
+                self.refire(region)
+
+    def refire(self, region: _Region) -> None:
+        """(_LOCK held) Fire `region` again in REFIRE_SECONDS unless it has been left by then:
+        Python drops an asynchronous exception that lands in a weakref callback or a __del__ the
+        collector runs ("Exception ignored in ..."), and the region would run to its end (a
+        DescribeGraph went on 15 s past its deadline, a SymPy expansion for minutes)."""
+        heapq.heappush(self._heap, (time.monotonic() + REFIRE_SECONDS, next(self._order), region))
+        self._wake.notify()
 
     def _run(self) -> None:
         with _LOCK:
@@ -210,7 +222,9 @@ class _Watchdog:
                     # raises OverflowError, which ended this thread and every later interruption.
                     self._wake.wait(min(due, MAX_WAIT_SECONDS))
                     continue
-                heapq.heappop(self._heap)[2].fire()
+                region = heapq.heappop(self._heap)[2]
+                region.fire()
+                self.refire(region)
 
 
 _WATCHDOG = _Watchdog()
@@ -240,9 +254,14 @@ def interruptibly(what: str, fn: Callable[..., T], *args, **kwargs) -> T:
         finally:
             region.disarm()
             _ACTIVE.region = None
-    except Interrupted:  # fired once, so no other is pending; leaving is idempotent
-        region.disarm()
-        _ACTIVE.region = None
+    except Interrupted:  # a refire may land while leaving: absorbed (leaving is idempotent)
+        while True:
+            try:
+                region.disarm()
+                _ACTIVE.region = None
+                break
+            except Interrupted:
+                continue
         raise bound.error(what) from None
 
 
