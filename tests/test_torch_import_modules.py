@@ -23,21 +23,7 @@ F64 = torch.float64
 BATCH = 2
 
 
-def _t(*shape, seed=0):
-    return torch.randn(*shape, dtype=F64, generator=torch.Generator().manual_seed(seed))
-
-
-class Fn(nn.Module):
-    """A function of the arguments with float64 parameters of its own (their gradients are checked)."""
-
-    def __init__(self, fn, **params):
-        super().__init__()
-        self.fn = fn
-        for k, v in params.items():
-            self.register_parameter(k, nn.Parameter(v))
-
-    def forward(self, *args):
-        return self.fn(self, *args)
+from test_torch_import_ops import Fn, _t  # noqa: E402 - after the importorskip above
 
 
 class Encoder(nn.Module):
