@@ -169,7 +169,7 @@ class _Region:
                 continue
 
 
-REFIRE_SECONDS = 0.25  # a region still armed this long after it was fired is fired again (_Watchdog)
+REFIRE_SECONDS = 0.02  # a region still armed this long after it was fired is fired again (_Watchdog)
 MAX_WAIT_SECONDS = 60.0  # the watchdog's longest sleep (it wakes sooner for every new region)
 COMPACT_AT = 1024  # regions waiting in the watchdog's heap before the ones already left are dropped
 
