@@ -45,10 +45,14 @@ venv: $(STAMP)
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstalls whenever pyproject.toml or a plugin's pyproject.toml changes. One pip run for the
-# project and every plugin (one resolution; plugins depend on numpy only).
+# Reinstalls whenever pyproject.toml or a plugin's pyproject.toml changes. One install for the
+# project and every plugin (one resolution; plugins depend on numpy only), by uv where it can be
+# had (a fresh clone to a healthy `make serve` took 71 s with pip, 56 s of it installing; uv
+# installs the same in about half that), else by pip.
+SERVE_PACKAGES := -e '.[jit]' $(foreach f,$(PLUGIN_PYPROJECTS),-e $(dir $(f)))
 $(STAMP): pyproject.toml $(PLUGIN_PYPROJECTS) | $(VENV_PY)
-	$(VENV_PY) -m pip install -q -e '.[jit]' $(foreach f,$(PLUGIN_PYPROJECTS),-e $(dir $(f)))
+	($(VENV_PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(VENV_PY) --compile-bytecode $(SERVE_PACKAGES)) \
+	  || $(VENV_PY) -m pip install -q $(SERVE_PACKAGES)
 	touch $@
 
 $(DEV_STAMP): $(STAMP)
