@@ -170,7 +170,7 @@ class _Region:
 
 
 REFIRE_SECONDS = 0.02  # a region still armed this long after it was fired is fired again (_Watchdog)
-MAX_WAIT_SECONDS = 60.0  # the watchdog's longest sleep (it wakes sooner for every new region)
+MAX_WAIT_SECONDS = 1.0  # the watchdog's longest sleep (it is woken sooner for a region due before then)
 COMPACT_AT = 1024  # regions waiting in the watchdog's heap before the ones already left are dropped
 
 
@@ -183,6 +183,7 @@ class _Watchdog:
         self._order = itertools.count()
         self._wake = threading.Condition(_LOCK)
         self._thread: threading.Thread | None = None
+        self._sleeping_until = 0.0  # when the thread wakes by itself (monotonic seconds; _LOCK)
 
     def arm(self, region: _Region) -> None:
         with _LOCK:
@@ -195,7 +196,11 @@ class _Watchdog:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="semigrad-deadlines", daemon=True)
                 self._thread.start()
-            self._wake.notify()
+            elif region.bound.deadline < self._sleeping_until:
+                # Woken only when it would sleep past this deadline: waking it for every region
+                # (every call) handed the GIL to it and back, ~30% of a small remote Gradient's
+                # server time.
+                self._wake.notify()
             if region.bound.cancelled:
                 region.fire()
                 self.refire(region)
@@ -213,14 +218,14 @@ class _Watchdog:
             while True:
                 while self._heap and not self._heap[0][2].armed:
                     heapq.heappop(self._heap)  # left already
-                if not self._heap:
-                    self._wake.wait()
-                    continue
-                due = self._heap[0][0] - time.monotonic()
+                due = self._heap[0][0] - time.monotonic() if self._heap else MAX_WAIT_SECONDS
                 if due > 0:
                     # Capped: a call without a deadline has an infinite bound, and a wait that long
                     # raises OverflowError, which ended this thread and every later interruption.
-                    self._wake.wait(min(due, MAX_WAIT_SECONDS))
+                    # (Within the cap, regions due later than it are armed without waking it.)
+                    due = min(due, MAX_WAIT_SECONDS)
+                    self._sleeping_until = time.monotonic() + due
+                    self._wake.wait(due)
                     continue
                 region = heapq.heappop(self._heap)[2]
                 region.fire()
