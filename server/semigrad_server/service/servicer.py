@@ -135,8 +135,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             spec = convert.gradient_spec(request, shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
             result = self.engine.run_gradient(spec, until, hook_run)
-            # (a message of many best paths takes seconds to build: 420,000 path steps, ~2 s)
-            return deadline.interruptibly("writing the response", convert.gradient_response, result, writer)
+            if result.best_paths or any(part.best_paths for part in result.semirings.values()):
+                # (a message of many best paths takes seconds to build: 420,000 path steps, ~2 s)
+                return deadline.interruptibly("writing the response", convert.gradient_response, result, writer)
+            return convert.gradient_response(result, writer)  # its tensors' bytes: bounded before the work
 
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK

@@ -272,7 +272,7 @@ class Session:
     def __init__(self, shm: SharedMemory, peer: str):
         self._shm = shm
         self._peer = peer
-        self._local = is_local_peer(peer)
+        self._local: bool | None = None  # whether the peer is local: parsed only when a region is named
         self._pinned: dict[str, tuple[_Region, int, bytes | None]] = {}  # name -> (region, size, header capability)
         self._extents: list[tuple[str, int, int, str]] = []  # (region, start, end, what) of the inputs read
         self._elements = 0
@@ -290,6 +290,8 @@ class Session:
         if not self._shm.enabled:
             raise FailedPrecondition(f"{what}: shared memory is disabled on this server "
                                      "(semigrad serve --no-shared-memory); send the tensors inline")
+        if self._local is None:
+            self._local = is_local_peer(self._peer)
         if not self._local:
             raise FailedPrecondition(f"{what}: shared memory is only for clients on the server's host, and this "
                                      f"request came from {self._peer[:80]!r}; send the tensors inline")
