@@ -4,6 +4,7 @@ exit status says whether the derivatives agree (0), disagree (1) or the input is
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import semigrad as sg
@@ -117,3 +118,32 @@ def test_the_documented_check_file_works(tmp_path, capsys):
     assert main(["check", str(path)]) == 1
     out = capsys.readouterr().out
     assert "suspects: 'clip'" in out and "atol 1e-06" in out
+
+
+def gather_graph_json() -> dict:
+    g = sg.Graph()
+    x, i = g.input("x", (3,)), g.input("i", (2,), "int64")
+    g.output("y", sg.sum(sg.sin(sg.gather(x, i))))
+    return graph_json(g)
+
+
+# The file's numbers follow the client's rule (tests/test_lossy_casts.py): a value the declared
+# dtype would change is refused naming the input, both dtypes and the element (found by an
+# attacker: 2.5 became index 2, strings were taken as int64, huge integers gave a traceback).
+@pytest.mark.parametrize("command", ["check", "viz"])
+@pytest.mark.parametrize("inputs,match", [
+    ({"x": [0.1, 0.2, 0.3], "i": [0, 2.5]}, r"input 'i' cannot be cast from float64 to int64 .* element \[1\] is 2.5"),
+    ({"x": [0.1, 0.2, 0.3], "i": ["0", "1"]}, r"input 'i' holds strings"),
+    ({"x": [None, 0.2, 0.3], "i": [0, 1]}, r"input 'x' holds NoneType data"),
+    ({"x": [0.1, 0.2, 0.3], "i": [0, 2**64]}, r"input 'i' .* element \[1\] is 18446744073709551616"),
+    ({"x": [10**330, 0.2, 0.3], "i": [0, 1]}, r"input 'x' .* to float64 .* element \[0\] is 1000"),
+])
+def test_a_lossy_input_in_the_file_exits_2(tmp_path, capsys, command, inputs, match):
+    path = write(tmp_path, {"graph": gather_graph_json(), "inputs": inputs})
+    assert main([command, path]) == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_exact_numbers_in_the_file_are_taken(tmp_path, capsys):
+    path = write(tmp_path, {"graph": gather_graph_json(), "inputs": {"x": [0.1, 0.2, 0.3], "i": [0, 2.0]}})
+    assert main(["check", path]) == 0
