@@ -104,3 +104,61 @@ def test_a_seed_too_large_for_its_output_is_refused(client):
     with pytest.raises(sg.InvalidArgument, match=r"seed for output 'y' .* float64 to float32 .* 1e\+300"):
         f.gradient({"x": np.ones(3, np.float32)}, seeds={"y": 1e300})
     np.testing.assert_array_equal(f.gradient({"x": np.ones(3, np.float32)}, seeds={"y": 0.5})["x"], np.ones(3))
+
+
+# Found by an attacker (issue 12): other numbers a user gives were cast lossily or failed with a
+# bare Python error naming nothing.
+def sin_graph() -> sg.Graph:
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    g.output("s", sg.sum(sg.sin(x, name="h") * x))
+    return g
+
+
+@pytest.mark.parametrize("bad", [["a", "b", "c"], [1j, 0, 0], [None, 0, 0]], ids=["strings", "complex", "None"])
+def test_to_dot_refuses_gradients_that_are_not_real_numbers(client, bad):
+    f = client.register(sin_graph())
+    with pytest.raises(sg.InvalidArgument, match=r"gradient of 'x'"):
+        f.to_dot(gradients={"x": bad})
+
+
+@pytest.mark.parametrize("index,match", [((1.5,), "sequence of integers"), (("1",), "sequence of integers"),
+                                         ((2**70,), "out of range")])
+def test_element_indices_must_be_integers(client, index, match):
+    """1.5 was cut to 1: the path of another element came back."""
+    f = client.register(sin_graph())
+    x = {"x": np.array([0.1, 0.2, 0.3])}
+    with pytest.raises(sg.InvalidArgument, match=rf"best_path start on input 'x': .*{match}"):
+        f.gradient(x, semiring="max_product", best_path=[("x", index)])
+    with pytest.raises(sg.InvalidArgument, match=rf"highlight_path step at node 'x': .*{match}"):
+        f.to_dot(inputs=x, highlight_path=[("x", index)])
+    assert f.gradient(x, semiring="max_product", best_path=[("x", (np.int64(1),))]).best_paths[0].start == ("x", (1,))
+
+
+def test_top_paths_and_semiring_parameters_are_checked_before_sending(client):
+    f = client.register(sin_graph())
+    x = {"x": np.array([0.1, 0.2, 0.3])}
+    with pytest.raises(sg.InvalidArgument, match=r"top_paths is a whole number, got 2.5"):
+        f.gradient(x, semiring="kbest", semiring_params={"k": 3}, top_paths=2.5)
+    for k in (2**70, None):
+        with pytest.raises(sg.InvalidArgument, match=r"semiring parameter 'k'"):
+            f.gradient(x, semiring="kbest", semiring_params={"k": k})
+
+
+@pytest.mark.parametrize("returned,match", [
+    (lambda g: g + 5j, r"complex128 to float64 .* element \[0\] is \(.*\+5j\)"),
+    (lambda g: np.array(["a", "b", "c"]), r"holds strings"),
+    (lambda g: [10**400, 0, 0], r"element \[0\] is 1000.*\(401 characters\), which does not fit"),
+], ids=["imaginary part", "strings", "past float64"])
+def test_a_hook_returning_a_value_that_would_change_is_refused(client, returned, match):
+    """The imaginary part was dropped with only NumPy's ComplexWarning."""
+    f = client.register(sin_graph())
+    with pytest.raises(sg.InvalidArgument, match=rf"the value the post hook on node 'h' returned .*{match}"):
+        f.gradient({"x": np.array([0.1, 0.2, 0.3])}, hooks={"h": returned})
+
+
+def test_an_element_too_long_to_show_is_cut(client):
+    f = client.register(passthrough("int64"))
+    with pytest.raises(sg.InvalidArgument) as info:
+        f.evaluate({"v": [1, 10**5000, 3], "x": np.ones(3)})
+    assert "element [1] is an integer of about 5000 digits" in info.value.message and len(info.value.message) < 300

@@ -277,7 +277,7 @@ class RegisteredGraph:
         request = pb.DrawGraphRequest(
             graph_id=self.id, inputs=messages.encode(inputs or {}, self.input_specs), semiring=semiring,
             wrt=messages.names(wrt), semiring_params=messages.attr_values(semiring_params),
-            values=messages.encode(values or {}, self.types, "value of"), gradients=messages.encode(gradients or {}, {}),
+            values=messages.encode(values or {}, self.types, "value of"), gradients=messages.encode(gradients or {}, {}, "gradient of"),
             highlight=messages.path_elements(highlight_path))
         return self.client.transport.call("DrawGraph", request).dot
 

@@ -94,7 +94,7 @@ def cast(value, dtype, what: str = "value") -> np.ndarray:
         index = (0,) * array.ndim
         data = "strings" if array.dtype.kind in "US" else f"{array.dtype} data"
         raise ValueError(f"{what} holds {data}, not numbers, where {target.name} is declared"
-                         + (f": element {list(index)} is {array[index].item()!r}" if array.size else ""))
+                         + (f": element {list(index)} is {_shown(array[index].item())}" if array.size else ""))
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NumPy's own warnings of a lossy cast: refused below instead
         result = array.astype(target)
@@ -107,9 +107,20 @@ def cast(value, dtype, what: str = "value") -> np.ndarray:
     if np.any(lost):
         index = tuple(int(i) for i in np.argwhere(lost)[0]) if array.ndim else ()
         raise ValueError(f"{what} cannot be cast from {array.dtype} to {target.name} without changing its "
-                         f"values: element {list(index)} is {array[index].item()!r}, which would become "
-                         f"{result[index].item()!r}")
+                         f"values: element {list(index)} is {_shown(array[index].item())}, which would become "
+                         f"{_shown(result[index].item())}")
     return result
+
+
+SHOWN_CHARACTERS = 60  # an element shown in a message is cut to this (10**400 is 401 digits)
+
+
+def _shown(value) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300-digit conversion limit
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    return text if len(text) <= SHOWN_CHARACTERS else f"{text[:SHOWN_CHARACTERS - 20]}... ({len(text)} characters)"
 
 
 def _cast_objects(array: np.ndarray, target: np.dtype, what: str) -> np.ndarray:
@@ -118,7 +129,7 @@ def _cast_objects(array: np.ndarray, target: np.dtype, what: str) -> np.ndarray:
     for index, item in np.ndenumerate(array):
         if not isinstance(item, numbers.Number):
             raise ValueError(f"{what} holds {type(item).__name__} data, not numbers, where {target.name} "
-                             f"is declared: element {list(index)} is {item!r}")
+                             f"is declared: element {list(index)} is {_shown(item)}")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -129,8 +140,8 @@ def _cast_objects(array: np.ndarray, target: np.dtype, what: str) -> np.ndarray:
             converted, same = None, False
         if not same or (target.kind == "f" and complex(item).imag != 0):
             raise ValueError(f"{what} cannot be cast from object to {target.name} without changing its values: "
-                             f"element {list(index)} is {item!r}, which "
-                             + ("does not fit" if converted is None else f"would become {converted.item()!r}"))
+                             f"element {list(index)} is {_shown(item)}, which "
+                             + ("does not fit" if converted is None else f"would become {_shown(converted.item())}"))
         result[index] = converted
     return result
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import codec
-from .errors import SemigradError
+from .errors import InvalidArgument, SemigradError
 from .hooks import Contribution
 from .messages import Gradients, gradients_from
 from .transport import Transport
@@ -42,7 +42,7 @@ def gradient_with_client_hooks(transport: Transport, request: pb.GradientRequest
                 else:
                     value = fn([Contribution(c.consumer, c.operand, codec.from_tensor(c.value))
                                 for c in call.contributions])
-                reply.value.CopyFrom(codec.to_tensor(np.asarray(value, dtype=np.float64)))
+                reply.value.CopyFrom(codec.to_tensor(returned(value, call)))
             except Exception as e:  # the user's hook failed: tell the server, then re-raise it here
                 failure.append(e)
                 reply.error = f"{type(e).__name__}: {e}"
@@ -54,3 +54,12 @@ def gradient_with_client_hooks(transport: Transport, request: pb.GradientRequest
     finally:
         outgoing.put(None)
     raise SemigradError("the server closed GradientWithHooks without a result")
+
+
+def returned(value, call) -> np.ndarray:
+    """A hook's returned gradient as float64, refused (InvalidArgument naming the hook) when the
+    cast would change it: an imaginary part, strings, a number past float64."""
+    try:
+        return codec.cast(value, np.float64, f"the value the {call.kind} hook on node '{call.node}' returned")
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from None

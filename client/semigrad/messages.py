@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -61,7 +62,7 @@ def gradient_request(graph: RegisteredGraph, inputs, wrt=None, seeds=None, outpu
     fields = {"wrt": names(wrt), "outputs": names(outputs), "return_outputs": return_outputs,
               **semiring_fields(semiring, semiring_params),
               "return_components": return_components,
-              **best_path_fields(best_path), "top_paths": int(top_paths),
+              **best_path_fields(best_path), "top_paths": count(top_paths, "top_paths"),
               "backend": backend if backend != "auto" else "", "retain": names(retain), "hooks": list(hooks)}
     # Only what differs from the defaults: a small request's time is mostly such steps.
     request = pb.GradientRequest(graph_id=graph.id, **{k: v for k, v in fields.items() if v})
@@ -77,7 +78,31 @@ def best_path_fields(best_path) -> dict:
         if best_path != "all":
             raise ValueError(f'best_path must be "all" or a list of (input, index) pairs, not {best_path!r}')
         return {"best_path_all": True}
-    return {"best_paths": [pb.ElementRef(input=name, index=[int(i) for i in index]) for name, index in best_path or ()]}
+    return {"best_paths": [pb.ElementRef(input=name, index=element_index(index, f"best_path start on input '{name}'"))
+                           for name, index in best_path or ()]}
+
+
+INDEX_RANGE = (-(2**63), 2**63)
+
+
+def element_index(index, what: str) -> list[int]:
+    """A full element index as ints, each an integer (Python or NumPy; 1.5 or '1' would name
+    another element) within int64, else InvalidArgument naming `what`."""
+    try:
+        values = [operator.index(i) for i in index]
+    except TypeError:
+        raise InvalidArgument(f"{what}: an element index is a sequence of integers, got {index!r}") from None
+    if any(not INDEX_RANGE[0] <= v < INDEX_RANGE[1] for v in values):
+        raise InvalidArgument(f"{what}: index {values} is out of range")
+    return values
+
+
+def count(value, what: str) -> int:
+    """A whole number given for `what` (top_paths=2.5 is refused, not cut to 2)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgument(f"{what} is a whole number, got {value!r}") from None
 
 
 def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients | SemiringGradients:
@@ -126,7 +151,8 @@ def path_elements(path) -> list[pb.NodeElement]:
     """A BestPath, or (node, index) pairs or PathSteps, as NodeElements."""
     steps = path.steps if isinstance(path, BestPath) else path or ()
     pairs = [(step.node, step.index) if isinstance(step, PathStep) else step for step in steps]
-    return [pb.NodeElement(node=node, index=[int(i) for i in index]) for node, index in pairs]
+    return [pb.NodeElement(node=node, index=element_index(index, f"highlight_path step at node '{node}'"))
+            for node, index in pairs]
 
 
 def names(value: str | Iterable[str] | None) -> list[str]:
@@ -136,13 +162,25 @@ def names(value: str | Iterable[str] | None) -> list[str]:
 
 
 def attr_values(params: Mapping[str, object] | None) -> dict[str, pb.AttrValue]:
-    return {k: codec.attr_value(v) for k, v in (params or {}).items()}
+    encoded = {}
+    for k, v in (params or {}).items():
+        try:
+            encoded[k] = codec.attr_value(v)
+        except (TypeError, ValueError) as e:  # None, 2**70 (protobuf: "Value out of range")
+            raise InvalidArgument(f"semiring parameter '{k}': {e}") from None
+    return encoded
 
 
 def encode(values: Mapping[str, object], specs: Mapping[str, TensorSpec],
            what: str = "input") -> dict[str, pb.Tensor]:
     """Encode ``values`` by name in their spec's dtype (unknown names: for the server to reject)."""
-    return {name: codec.to_tensor(array) for name, array in arrays(values, specs, what).items()}
+    encoded = {}
+    for name, array in arrays(values, specs, what).items():
+        try:
+            encoded[name] = codec.to_tensor(array)
+        except (TypeError, ValueError) as e:  # no spec to cast to (to_dot's gradients): strings, complex...
+            raise InvalidArgument(f"{what} '{name}': {e}") from None
+    return encoded
 
 
 def arrays(values: Mapping[str, object], specs: Mapping[str, TensorSpec],
