@@ -48,7 +48,7 @@ def in_process_client():
 CLIENT_KINDS = [kind for kind in ("remote", "in_process")
                 if os.environ.get("SEMIGRAD_CLIENTS", kind) == kind]
 IN_PROCESS_MODULES = frozenset({
-    "test_bad_input.py", "test_describe.py", "test_draw.py", "test_hooks.py", "test_in_process.py",
+    "test_bad_input.py", "test_default_outputs.py", "test_describe.py", "test_draw.py", "test_hooks.py", "test_in_process.py",
     "test_lossy_casts.py", "test_reuse_and_batch.py", "test_streaming.py", "test_trace.py", "test_torch_import.py",
     "test_torch_import_modules.py",
     "test_docs_examples.py", "symbolic/test_custom_ops.py", "semirings/test_plugins_e2e.py",

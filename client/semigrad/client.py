@@ -329,8 +329,8 @@ class RegisteredGraph:
         (a dict ``{input name: gradient}``).
 
         ``wrt`` names the inputs (default: every floating input); ``outputs`` the outputs to
-        differentiate (default: all); ``seeds`` maps output names to cotangents (default: the
-        semiring's one, i.e. for "real" the gradient of the sum of all outputs; explicit seeds
+        differentiate (default: every floating output); ``seeds`` maps output names to cotangents (default: the
+        semiring's one, i.e. for "real" the gradient of the sum of those outputs; explicit seeds
         are lifted into the semiring). Each gradient is shaped like its input, batch dimensions
         included. With ``return_outputs=True`` returns ``(gradients, outputs)``, the latter the
         forward values of the differentiated outputs (also on ``gradients.outputs``).

@@ -192,11 +192,9 @@ class Engine:
                 raise InvalidArgument(f"retain names unknown node {quoted(ref)}")
         slots = hook_slots(cg, spec.hooks, s, hook_run, self.hooks)
         seeds = dict(spec.seeds or {})
-        names = cg.output_names(spec.outputs)
-        for name in names:
-            t = cg.types[cg.graph.output_map[name]]
-            if not t.is_float:
-                raise InvalidArgument(f"output '{name}' has dtype {t.dtype} and cannot be differentiated")
+        names = cg.differentiated_outputs(spec.outputs)
+        if not names:
+            raise InvalidArgument("the graph has no float outputs to differentiate")
         wrt = cg.wrt_inputs(spec.wrt)
         for name in seeds:
             if name not in names:

@@ -52,6 +52,17 @@ class CompiledGraph:
                 raise InvalidArgument(f"unknown output {quoted(name)} (outputs: {', '.join(available)})")
         return list(requested) if requested else list(available)
 
+    def differentiated_outputs(self, requested: Sequence[str]) -> list[str]:
+        """The outputs a request differentiates: those it names (each a float output), or by
+        default every float output (an argmax or a mask beside a loss is left out)."""
+        names = self.output_names(requested)
+        floats = [n for n in names if self.types[self.graph.output_map[n]].is_float]
+        if requested and len(floats) != len(names):
+            bad = next(n for n in names if n not in floats)
+            raise InvalidArgument(f"output '{bad}' has dtype {self.types[self.graph.output_map[bad]].dtype} "
+                                  f"and cannot be differentiated")
+        return floats
+
     def wrt_inputs(self, requested: Sequence[str]) -> list[str]:
         """The inputs a request differentiates with respect to (checked, each once), or by
         default every float input."""

@@ -17,7 +17,6 @@ import sympy as sp
 from ..deadline import interruptibly
 from ..autodiff import reverse
 from ..autodiff.reverse import semiring_setup
-from ..errors import InvalidArgument
 from ..ir import Node, Type, consumers_of
 from ..ops.base import OpDef
 from .summary import attr_text
@@ -91,7 +90,7 @@ def describe(engine, graph_id: str, *, semiring: str = "real", semiring_params: 
 def _describe(cg, s, wrt: Sequence[str], outputs: Sequence[str]) -> GraphDescription:
     float_inputs = [spec.name for spec in cg.graph.inputs if spec.type.is_float]
     wrt = cg.wrt_inputs(wrt) if wrt or float_inputs else []
-    names = _differentiated_outputs(cg, outputs)
+    names = cg.differentiated_outputs(outputs)
     grads = requiring_grad(cg.order, cg.types, wrt)
     consumers = consumers_of(cg.order)
     output_names: dict[str, list[str]] = {}
@@ -124,16 +123,6 @@ def node_rules(op: OpDef, node: Node) -> tuple[str, list[Derivative]]:
     return str(op.expression.xreplace(ids)), [
         Derivative(pos, name, ref, str(partial.xreplace(ids)))
         for pos, (name, ref, partial) in enumerate(zip(operands, node.inputs, op.partials))]
-
-
-def _differentiated_outputs(cg, outputs: Sequence[str]) -> list[str]:
-    names = cg.output_names(outputs)
-    floats = [n for n in names if cg.types[cg.graph.output_map[n]].is_float]
-    if outputs and len(floats) != len(names):
-        bad = next(n for n in names if n not in floats)
-        raise InvalidArgument(f"output '{bad}' has dtype {cg.types[cg.graph.output_map[bad]].dtype} "
-                              f"and cannot be differentiated")
-    return floats
 
 
 def requiring_grad(order: Sequence[Node], types: Mapping[str, Type], wrt: Sequence[str]) -> set[str]:

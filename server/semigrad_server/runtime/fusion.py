@@ -21,6 +21,7 @@ import numpy as np
 from ..ir import Node, Type
 from ..ops import OpDef
 from ..ops.base import align
+from . import background
 from .codegen import expression
 from .jit import AVAILABLE, compile_function, numba
 
@@ -117,7 +118,7 @@ class FusedKernel:
             if self._compiling:
                 return
             self._compiling = True
-        threading.Thread(target=self._compile, daemon=True, name="semigrad-jit").start()
+        background.thread(self._compile).start()
 
     def _compile(self) -> None:
         try:

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import deadline
 from ..errors import DeadlineExceeded, FailedPrecondition
+from . import background
 from .allocation import result_array, results_in
 from .codegen import expression
 from .scalarize import MAX_SCALARS, ScalarProgram
@@ -173,8 +174,7 @@ class JitProgram:
             if kernel is None:
                 with self._lock:
                     if batched not in self._kernels:
-                        thread = threading.Thread(target=self._background, args=(batched,), daemon=True,
-                                                  name="semigrad-jit")
+                        thread = background.thread(self._background, batched)
                         self._kernels[batched] = thread
                         thread.start()
             return None

@@ -169,12 +169,7 @@ def _point(cg, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def select_outputs(cg, outputs: Sequence[str]) -> list[str]:
     """The named outputs (all float), or by default every float output."""
-    names = cg.output_names(outputs)
-    floats = [n for n in names if cg.types[cg.graph.output_map[n]].is_float]
-    if outputs and len(floats) != len(names):
-        bad = next(n for n in names if n not in floats)
-        raise InvalidArgument(f"output '{bad}' has dtype {cg.types[cg.graph.output_map[bad]].dtype} and cannot be "
-                              f"differentiated")
+    floats = cg.differentiated_outputs(outputs)
     if not floats:
         raise InvalidArgument("the graph has no float outputs to differentiate")
     return floats
