@@ -186,7 +186,8 @@ class JitProgram:
 
     def _background(self, batched):
         with BACKGROUND_COMPILES:
-            self._kernels[batched] = self._compiled_or_failure(batched)
+            if not background.exiting():
+                self._kernels[batched] = self._compiled_or_failure(batched)
 
     def _compiled_or_failure(self, batched: tuple[bool, ...]):
         try:
