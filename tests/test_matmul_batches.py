@@ -163,6 +163,46 @@ def test_bert_width_mlp_layer(clients, rng, tokens):
         np.testing.assert_allclose(grads[name], want, rtol=1e-9, atol=1e-11, err_msg=name)
 
 
+def bert_projection() -> sg.Graph:
+    g = sg.Graph()
+    x, W = g.input("x", (8, BERT_D)), g.input("W", (BERT_D, BERT_MLP))
+    g.output("s", sg.sum(sg.tanh(x) @ W))
+    return g
+
+
+@pytest.mark.parametrize("batch", [76, 77, 1000])
+def test_a_bert_width_layer_over_a_batch_of_sentences_with_a_shared_weight(clients, rng, batch):
+    """sum(tanh(x) @ W) over `batch` sentences of 8 tokens, W (768 × 3072) shared: the limits count
+    W and what is made from it alone once, not per sentence (counted per sentence, 2.4 M elements
+    an item, evaluate was refused from 167 sentences and the gradient from 57, at 10-60 times
+    the memory the run took; found by an attacker)."""
+    xs, W = rng.normal(size=(batch, 8, BERT_D)), rng.normal(size=(BERT_D, BERT_MLP)) / np.sqrt(BERT_D)
+    f = clients["default"].register(bert_projection())
+    np.testing.assert_allclose(f.evaluate({"x": xs, "W": W})["s"], (np.tanh(xs) @ W).sum(axis=(1, 2)), rtol=1e-10)
+    if batch <= 77:
+        np.testing.assert_allclose(f.gradient({"x": xs, "W": W}, wrt="x")["x"], (1 - np.tanh(xs) ** 2) * W.sum(1),
+                                   rtol=1e-10)
+
+
+def test_a_batched_weight_still_counts_per_item_and_the_refusal_says_what_fits(rng):
+    """The other side: with W batched too, every item holds its own 2.4 M-element weight, so a
+    small element limit refuses the batch, and max_items (what gradient_many cuts its chunks to)
+    counts what is computed once as well as what each item adds."""
+    from semigrad_server.limits import Limits
+
+    limit = 60_000_000
+    with sg.Client(limits=Limits(max_request_elements=limit)) as client:
+        f = client.register(bert_projection())
+        xs, W = rng.normal(size=(30, 8, BERT_D)), rng.normal(size=(BERT_D, BERT_MLP)) / np.sqrt(BERT_D)
+        f.evaluate({"x": xs, "W": W})  # shared W: 30 × ~37 k elements + 2.4 M once
+        with pytest.raises(sg.ResourceExhausted) as refused:
+            f.evaluate({"x": xs, "W": np.broadcast_to(W, (30,) + W.shape)})
+    message = refused.value.message
+    per_item = int(message.split(" batch items × ")[1].split(" per item")[0])
+    assert per_item > BERT_D * BERT_MLP and "computed once" not in message, message
+    assert 0 < limit // per_item < 30
+
+
 # ---------------------------------------------------------------- batched weights
 
 

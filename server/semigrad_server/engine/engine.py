@@ -239,7 +239,7 @@ class Engine:
                                   batch.shape) for x in wrt),
                 tuple(result_slot(n, OutputKey.output(n), cg.types[cg.graph.output_map[n]], batch.shape)
                       for n in names) if spec.return_outputs else (),
-                check_work(compiled.plan, batch.shape, self.limits))  # the same for every repeat of this signature
+                check_work(compiled.plan, batch.shape, self.limits, batch.arrays))  # the same for every repeat of this signature
             cg.remembered.remember(memo, checked)
             return self.plain_gradient(checked, batch.arrays, deadline, backend)
         run = hook_run or HookRun()

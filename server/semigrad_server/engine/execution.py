@@ -32,39 +32,60 @@ def time_bound(deadline: float | None, limits: Limits) -> float:
     return min(deadline, bound) if deadline is not None else bound
 
 
-def max_items(plan, limits: Limits) -> int:
-    """The most batch items a request running `plan` may carry within the limits on its work and
-    memory (check_work) and on its batch (max_batch); 0 when not even one item fits."""
+def _cost(plan, arrays):
+    """The plan's cost for these input arrays (Plan.cost: what depends on no batched input counted
+    once), or None for executables that count everything per item."""
+    return plan.cost(arrays) if arrays is not None and hasattr(plan, "cost") else None
+
+
+def max_items(plan, limits: Limits, arrays=None) -> int:
+    """The most batch items a request may carry for `plan` within the limits (sent with
+    RESOURCE_EXHAUSTED so that a client can cut its batch into chunks that pass)."""
+    cost = _cost(plan, arrays)
+    if cost is not None:
+        return min(limits.max_batch, cost.items_within(limits.max_request_elements, limits.max_request_operations,
+                                                       limits.max_request_bytes))
     return min(limits.max_batch, limits.max_request_elements // plan.item_elements,
                limits.max_request_operations // plan.item_operations,
                limits.max_request_bytes // max(plan.item_bytes, 1))
 
 
-def check_work(plan, batch_shape: tuple[int, ...], limits: Limits) -> int:
-    """RESOURCE_EXHAUSTED unless running `plan` over the batch (batch items × elements per item)
-    is within the limit, and the memory it would hold at once within max_request_bytes; returns
-    that memory (bytes)."""
+def _counted(items: int, per: int, once: int, unit: str) -> str:
+    return f"{items} batch items × {per} {unit}per item" + (f" + {once} computed once" if once else "")
+
+
+def check_work(plan, batch_shape: tuple[int, ...], limits: Limits, arrays=None) -> int:
+    """RESOURCE_EXHAUSTED unless running `plan` over the batch (its elements and operations) is
+    within the limits, and the memory it would hold at once within max_request_bytes; returns
+    that memory (bytes). With the request's input `arrays`, what depends on no batched input is
+    counted once (Plan.cost: a weight shared by the batch), else everything per item."""
     items = math.prod(batch_shape)
-    work = items * plan.item_elements
+    cost = _cost(plan, arrays)
+    if cost is not None:
+        elements, operations = cost.elements, cost.operations
+        needed, at = cost.bytes_at(items)
+    else:
+        elements, operations = (plan.item_elements, 0), (plan.item_operations, 0)
+        needed, at = items * plan.item_bytes, plan.peak_node
+    work = items * elements[0] + elements[1]
     if work > limits.max_request_elements:
         heaviest = getattr(plan, "heaviest", None)
-        at = f", node {quoted(heaviest[1])} alone {heaviest[0]} products per item" if heaviest else ""
+        at_heaviest = f", node {quoted(heaviest[1])} alone {heaviest[0]} products per item" if heaviest else ""
         raise ResourceExhausted(
-            f"request would compute {work} elements ({items} batch items × {plan.item_elements} per item{at}); "
-            f"the limit is {limits.max_request_elements}: send smaller batches", max_items(plan, limits))
-    operations = items * plan.item_operations
-    if operations > limits.max_request_operations:
+            f"request would compute {work} elements ({_counted(items, *elements, '')}{at_heaviest}); "
+            f"the limit is {limits.max_request_elements}: send smaller batches", max_items(plan, limits, arrays))
+    if items * operations[0] + operations[1] > limits.max_request_operations:
         raise ResourceExhausted(
-            f"request would take {operations} scalar operations ({items} batch items × {plan.item_operations} per "
-            f"item, a matmul's products counted); the limit is max_request_operations = "
-            f"{limits.max_request_operations}: send smaller batches or operands", max_items(plan, limits))
-    needed = items * plan.item_bytes
+            f"request would take {items * operations[0] + operations[1]} scalar operations "
+            f"({_counted(items, *operations, '')}, a matmul's products counted); the limit is "
+            f"max_request_operations = {limits.max_request_operations}: send smaller batches or operands",
+            max_items(plan, limits, arrays))
     if needed > limits.max_request_bytes:
-        at = f" (at node '{plan.peak_node}')" if plan.peak_node else ""
+        where = f" (at node '{at}')" if at else ""
+        per_item = f"{items} batch items" if cost is not None else f"{items} batch items × {plan.item_bytes} bytes per item"
         raise ResourceExhausted(
-            f"request would hold {needed} bytes at once{at}: {items} batch items × {plan.item_bytes} bytes per item; "
-            f"the budget is max_request_bytes = {limits.max_request_bytes}: send smaller batches",
-            max_items(plan, limits))
+            f"request would hold {needed} bytes at once{where}: {per_item}; the budget is max_request_bytes = "
+            f"{limits.max_request_bytes}: send smaller batches", max_items(plan, limits, arrays))
     return needed
 
 
@@ -105,5 +126,5 @@ class MemoryBudget:
 def run_plan(plan, batch: Batch, deadline: float | None, backend: str, limits: Limits,
              memory: MemoryBudget) -> dict:
     """`plan` over the batch, once its work and memory are within the limits."""
-    with memory.reserved_for(check_work(plan, batch.shape, limits)):
+    with memory.reserved_for(check_work(plan, batch.shape, limits, batch.arrays)):
         return plan.run(batch.arrays, time_bound(deadline, limits), backend, batch.shape)

@@ -94,10 +94,18 @@ class Plan:
         # scalar operations per batch item (a matmul's inner products counted): the work bound. An op
         # that declares its kernel's work is counted by it (an einsum's contractions), not by its
         # element-level expansion's bound, which for an einsum is the product of its operands' sizes
-        self.item_operations = max(1, sum(
-            kernel_work[node.id] + types[node.id].size if node.id in kernel_work else
+        node_operations = {
+            node.id: kernel_work[node.id] + types[node.id].size if node.id in kernel_work else
             max(ops[node.id].scalar_cost([types[r] for r in node.inputs], types[node.id]), types[node.id].size)
-            for node in live_order if node.id not in constant))
+            for node in live_order if node.id not in constant}
+        self.item_operations = max(1, sum(node_operations.values()))
+        # What a request's cost depends on when only some inputs carry batch axes (cost()): a
+        # value made from unbatched inputs alone (a shared weight, its transpose) is computed once.
+        self._node_inputs = tuple((node.id, node.inputs) for node in live_order)
+        self._same_as = dict(same_as)
+        self._node_extra = {ref: kernel_work.get(ref, 0) for ref in kernel_work}
+        self._node_operations = node_operations
+        self._costs: dict[frozenset, tuple] = {}
         groups = fusion_groups(live_order, ops, types, kept={ref for _, ref in outputs},
                                excluded=constant | set(map_components))
         absorbed = {n.id for g in groups.values() for n in g.members if n.id != g.root}
@@ -159,34 +167,72 @@ class Plan:
                                if slot in {a for step in steps for a in step.args} | keep)
         self.item_bytes, self.peak_node = self._peak_bytes(types)
 
+    def cost(self, arrays: Mapping[str, np.ndarray]) -> "PlanCost":
+        """What a run with these input arrays costs as a function of its batch items: values that
+        depend on no input carrying batch axes (a weight shared by the batch, and what is made
+        from it alone) are computed once, not per item (a BERT-width matmul's weight counted per
+        item refused batches of 57 sentences, 10-60 times the memory they took)."""
+        batched_inputs = frozenset(name for name, _ in self.input_slots
+                                   if name in arrays and np.ndim(arrays[name]) > self.types[name].rank)
+        cost = self._costs.get(batched_inputs)
+        if cost is None:
+            batched = set(batched_inputs)
+            for ref, inputs in self._node_inputs:
+                if any(r in batched for r in inputs):
+                    batched.add(ref)
+            batched.update(dup for dup, original in self._same_as.items() if original in batched)
+            elements, operations = [0, 0], [0, 0]  # (per item, computed once)
+            for ref, t in self.types.items():
+                elements[ref not in batched] += t.size + self._node_extra.get(ref, 0)
+            for ref, n in self._node_operations.items():
+                operations[ref not in batched] += n
+            cost = PlanCost(tuple(elements), tuple(operations),
+                            *self._byte_lines(self.types, frozenset(self._slot_refs[ref] for ref in batched)))
+            if len(self._costs) < 64:
+                self._costs[batched_inputs] = cost
+        return cost
+
     def _peak_bytes(self, types: Mapping[str, Type]) -> tuple[int, str]:
-        """The most bytes per batch item the run holds at once (inputs, live values, the result
-        being computed; buffers freed after their last use), and the node computed at that
-        moment: the memory estimate a request is checked against before it runs (with the
-        response's copies of the results)."""
+        """The most bytes per batch item the run holds at once when every value is per item."""
+        lines = self._byte_lines(types, None)
+        k = int(np.argmax(lines[0] + lines[1]))
+        return max(int(lines[0][k] + lines[1][k]), 1), lines[2][k]
+
+    def _byte_lines(self, types: Mapping[str, Type], batched: frozenset | None):
+        """The bytes the run holds at each step (inputs, live values, the result being computed;
+        buffers freed after their last use), plus the response's copies of the results, as lines
+        `per_item[s] × items + once[s]` (values in `batched` slots, None: all, take their item's
+        bytes per item; the others once), and the node computed at each step: the memory
+        estimate a request is checked against before it runs is the highest line at its items."""
         size = {}
         for ref, slot in self._slot_refs.items():
             t = types[ref]
             size[slot] = max(size.get(slot, 0), t.size * np.dtype(t.dtype).itemsize)
+        per_item = {slot: batched is None or slot in batched for slot in size}
         folded = {slot for slot, _ in self.constants}
         live = {slot for _, slot in self.input_slots}
-        held = sum(size[slot] for slot in live)
-        peak, at = held, self.steps[0].node_id if self.steps else ""
+        held = [0, 0]  # (per item, once)
+        for slot in live:
+            held[not per_item[slot]] += size[slot]
+        lines, nodes = [tuple(held)], [self.steps[0].node_id if self.steps else ""]
         for step in self.steps:
             if step.out not in live and step.out not in folded:
                 live.add(step.out)
-                held += size[step.out]
-            if held > peak:
-                peak, at = held, step.node_id
+                held[not per_item[step.out]] += size[step.out]
+            lines.append(tuple(held))
+            nodes.append(step.node_id)
             for slot in step.free:
                 if slot in live:
                     live.discard(slot)
-                    held -= size[slot]
-        # results computed once (constants) are spread over the batch when returned, and every
-        # result is copied twice more into the response (its bytes, the message)
+                    held[not per_item[slot]] -= size[slot]
+        # results come back with the batch's axes (a constant or shared one spread over every
+        # item) and are copied twice more into the response (their bytes, the message)
         results = {slot for _, slot in self.output_slots}
         spread = sum(size[slot] for slot in results & folded) + 2 * sum(size[slot] for slot in results)
-        return max(peak + spread, 1), at
+        b = np.array([line[0] for line in lines], dtype=np.int64) + spread
+        c = np.array([line[1] for line in lines], dtype=np.int64)
+        return b, c, nodes
+
 
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
             backend: str = "tensor", shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
@@ -227,6 +273,31 @@ class Plan:
 
 
 REUSE_MIN_ELEMENTS = 1 << 15  # below this, allocating is cheaper than checking
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCost:
+    """A run's cost in batch items n: elements n·per + once, operations likewise, and bytes held at
+    once max over steps s of n·byte_per_item[s] + byte_once[s] (computed at node byte_nodes[s])."""
+    elements: tuple[int, int]
+    operations: tuple[int, int]
+    byte_per_item: np.ndarray
+    byte_once: np.ndarray
+    byte_nodes: list
+
+    def bytes_at(self, items: int) -> tuple[int, str]:
+        held = items * self.byte_per_item + self.byte_once
+        k = int(np.argmax(held))
+        return max(int(held[k]), 1), self.byte_nodes[k]
+
+    def items_within(self, elements: int, operations: int, nbytes: int) -> int:
+        """The most items whose elements, operations and bytes stay within these."""
+        fits = [(limit - once) // max(per, 1) for limit, (per, once) in
+                ((elements, self.elements), (operations, self.operations))]
+        with np.errstate(divide="ignore"):
+            room = np.where(self.byte_per_item > 0, (nbytes - self.byte_once) // np.maximum(self.byte_per_item, 1),
+                            np.where(self.byte_once <= nbytes, np.iinfo(np.int64).max, -1))
+        return int(max(0, min(*fits, int(room.min()))))
 
 
 def _writes_into(kernel: Callable, in_types: Sequence[Type], out_type: Type) -> bool:
