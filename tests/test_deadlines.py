@@ -13,6 +13,7 @@ client.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -55,6 +56,19 @@ def start(limits: Limits):
     server, port, _ = build_server("127.0.0.1:0", limits=limits)
     server.start()
     return server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def heap_as_a_server_has_it():
+    """The servers here share the pytest worker's heap (every earlier module's objects): one full
+    collection of it took 370-420 ms, a C call no interruption reaches, and landed on a deadline
+    in a CI run (887 ms past it). `semigrad serve` moves what it holds at start out of the
+    collector's generations (gc.freeze, service/server.py); the module does the same with what
+    the worker holds before it, so a collection scans what the calls made, as in a server."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +200,11 @@ def test_thirty_thousand_best_paths_stop_at_the_deadline(stub, rpc_log):
     request = pb.GradientRequest(graph_id=gid, inputs={"x": codec.to_tensor(np.linspace(0, 1, 200))},
                                  semiring="max_product",
                                  best_paths=[pb.ElementRef(input="x", index=[k % 200]) for k in range(30_000)])
-    assert call_with_deadline(stub.Gradient, request, 1.0) == grpc.StatusCode.DEADLINE_EXCEEDED
-    line = server_line(rpc_log, "Gradient")
+    warm = pb.GradientRequest(graph_id=gid, inputs=request.inputs, semiring="max_product",
+                              best_paths=request.best_paths[:10])
+    assert call_with_deadline(stub.Gradient, warm, 60.0) == grpc.StatusCode.OK  # compiled: what is left is ~1 s of tracing
+    assert call_with_deadline(stub.Gradient, request, 0.3) == grpc.StatusCode.DEADLINE_EXCEEDED
+    line = server_line(rpc_log, "Gradient", seen=1)
     assert_stopped_in_time(line, within=BEST_PATHS_OVERRUN)
     assert "best path" in line
 

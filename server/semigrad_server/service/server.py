@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import multiprocessing
 import os
@@ -157,6 +158,11 @@ def _serve_one(host, port, *, config: Serving, reuse_port: bool, ready=None) -> 
                                     reuse_port=reuse_port, shared_memory=config.shared_memory, tokens=config.tokens,
                                     tls=config.tls, metrics=metrics, health_out=health,
                                     slots_directory=config.slots_directory)
+    # What is here now (modules, plugins, the store) lives as long as the worker: out of the
+    # collector's generations, so that a full collection during a request scans only what requests
+    # made (one collection is one C call that no deadline interrupts).
+    gc.collect()
+    gc.freeze()
     server.start()
     if ready is not None:
         ready.set()
