@@ -187,7 +187,10 @@ def test_a_matmul_chain_is_checked_at_every_step(stub, rpc_log):
     assert call_with_deadline(stub.Evaluate, pb.EvaluateRequest(graph_id=gid, inputs=inputs), min(runs) / 5) \
         == grpc.StatusCode.DEADLINE_EXCEEDED
     line = server_line(rpc_log, "Evaluate", seen=4)
-    assert_stopped_in_time(line)
+    # Checked before every step, the work stops within the step running at the deadline: a
+    # matmul of the batch is one NumPy call (~35 ms idle, over 100 ms in a loaded CI run, which
+    # went 122.9 ms past against 120 allowed); checked every 64 steps, it ran the whole chain.
+    assert_stopped_in_time(line, within=max(OVERRUN, 2 * min(runs) / (steps + 1)))
     assert "at node 'm" in line
 
 
