@@ -80,7 +80,6 @@ def test_outside_a_request_a_region_is_a_plain_call():
     deadline.check("anything")  # no bound: nothing to check
 
 
-
 def losing_interruptions(times: int):
     """Work that loses its first `times` interruptions, as Python loses an asynchronous exception
     landing in a weakref or gc callback ("Exception ignored in ..."; CI saw it in hypothesis's gc

@@ -11,6 +11,7 @@ dying operands below and above the plan's 32,768-element reuse threshold, batch 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -184,23 +185,34 @@ def test_a_bert_width_layer_over_a_batch_of_sentences_with_a_shared_weight(clien
                                    rtol=1e-10)
 
 
-def test_a_batched_weight_still_counts_per_item_and_the_refusal_says_what_fits(rng):
-    """The other side: with W batched too, every item holds its own 2.4 M-element weight, so a
-    small element limit refuses the batch, and max_items (what gradient_many cuts its chunks to)
-    counts what is computed once as well as what each item adds."""
+def refused_counts(f, inputs) -> tuple[int, int]:
+    """(elements per item, elements computed once) from the server's refusal of `inputs`."""
+    with pytest.raises(sg.ResourceExhausted) as refused:
+        f.evaluate(inputs)
+    found = re.search(r"batch items × (\d+) per item(?: \+ (\d+) computed once)?", refused.value.message)
+    assert found, refused.value.message
+    return int(found[1]), int(found[2] or 0)
+
+
+def test_the_element_limit_with_a_shared_weight_on_both_sides(rng):
+    """W shared: the batch that fits the element limit by the refusal's own counts (per item,
+    and once for W and what is made from it alone) runs, one item more is refused. With W
+    batched too, every item counts its own 2.4 M-element weight and nothing is computed once."""
     from semigrad_server.limits import Limits
 
-    limit = 60_000_000
+    limit = 6_000_000
     with sg.Client(limits=Limits(max_request_elements=limit)) as client:
         f = client.register(bert_projection())
-        xs, W = rng.normal(size=(30, 8, BERT_D)), rng.normal(size=(BERT_D, BERT_MLP)) / np.sqrt(BERT_D)
-        f.evaluate({"x": xs, "W": W})  # shared W: 30 × ~37 k elements + 2.4 M once
-        with pytest.raises(sg.ResourceExhausted) as refused:
-            f.evaluate({"x": xs, "W": np.broadcast_to(W, (30,) + W.shape)})
-    message = refused.value.message
-    per_item = int(message.split(" batch items × ")[1].split(" per item")[0])
-    assert per_item > BERT_D * BERT_MLP and "computed once" not in message, message
-    assert 0 < limit // per_item < 30
+        xs, W = rng.normal(size=(200, 8, BERT_D)), rng.normal(size=(BERT_D, BERT_MLP)) / np.sqrt(BERT_D)
+        per_item, once = refused_counts(f, {"x": xs, "W": W})
+        assert once >= BERT_D * BERT_MLP > per_item  # W once; each sentence its own activations
+        fits = (limit - once) // per_item
+        assert 1 < fits < len(xs)
+        np.testing.assert_allclose(f.evaluate({"x": xs[:fits], "W": W})["s"],
+                                   (np.tanh(xs[:fits]) @ W).sum(axis=(1, 2)), rtol=1e-10)
+        refused_counts(f, {"x": xs[:fits + 1], "W": W})
+        per_item, once = refused_counts(f, {"x": xs[:3], "W": np.broadcast_to(W, (3,) + W.shape)})
+        assert per_item > BERT_D * BERT_MLP and once == 0
 
 
 # ---------------------------------------------------------------- batched weights

@@ -11,6 +11,7 @@ dtype takes an imaginary part, a string or None. Values that pass must arrive as
 from __future__ import annotations
 
 import math
+import os
 import re
 from fractions import Fraction
 
@@ -114,7 +115,10 @@ def graphs(server_address):
         yield {d: client.register(passthrough(d)) for d in DECLARED}
 
 
-@settings(max_examples=2000 if __import__("os").environ.get("SEMIGRAD_FUZZ") else 150)
+FUZZ = bool(os.environ.get("SEMIGRAD_FUZZ"))
+
+
+@settings(max_examples=2000 if FUZZ else 150)
 @given(declared=st.sampled_from(DECLARED), value=values())
 def test_a_cast_is_made_only_when_no_element_changes(graphs, declared, value):
     items = elements(value)

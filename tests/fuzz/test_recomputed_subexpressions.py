@@ -13,6 +13,7 @@ import os
 from collections import Counter
 
 import numpy as np
+import pytest
 import semigrad as sg
 from fuzz_graphs import FuzzCase, Vocabulary, cases
 from hypothesis import assume, given, note, settings, strategies as st
@@ -21,7 +22,12 @@ from semigrad_server.engine import Engine
 from semigrad_server.service.convert import graph_from_proto
 
 FUZZ = bool(os.environ.get("SEMIGRAD_FUZZ"))
-VOCABULARY = Vocabulary(sg.Client().list_ops())
+
+
+@pytest.fixture(scope="module")
+def vocabulary():
+    with sg.Client() as client:
+        return Vocabulary(client.list_ops())
 
 
 @st.composite
@@ -74,8 +80,8 @@ def program(plan) -> Counter:
 
 @settings(max_examples=1000 if FUZZ else 60)
 @given(data=st.data())
-def test_a_value_computed_twice_compiles_to_the_program_of_computing_it_once(data):
-    case = data.draw(cases(VOCABULARY), label="case")
+def test_a_value_computed_twice_compiles_to_the_program_of_computing_it_once(vocabulary, data):
+    case = data.draw(cases(vocabulary), label="case")
     twice = data.draw(recomputed(case), label="recomputed")
     assume(case.float_inputs())
     note(repr(twice))

@@ -50,8 +50,8 @@ def max_items(plan, limits: Limits, arrays=None) -> int:
                limits.max_request_bytes // max(plan.item_bytes, 1))
 
 
-def _counted(items: int, per: int, once: int, unit: str) -> str:
-    return f"{items} batch items × {per} {unit}per item" + (f" + {once} computed once" if once else "")
+def _counted(items: int, per: int, once: int) -> str:
+    return f"{items} batch items × {per} per item" + (f" + {once} computed once" if once else "")
 
 
 def check_work(plan, batch_shape: tuple[int, ...], limits: Limits, arrays=None) -> int:
@@ -72,12 +72,13 @@ def check_work(plan, batch_shape: tuple[int, ...], limits: Limits, arrays=None) 
         heaviest = getattr(plan, "heaviest", None)
         at_heaviest = f", node {quoted(heaviest[1])} alone {heaviest[0]} products per item" if heaviest else ""
         raise ResourceExhausted(
-            f"request would compute {work} elements ({_counted(items, *elements, '')}{at_heaviest}); "
+            f"request would compute {work} elements ({_counted(items, *elements)}{at_heaviest}); "
             f"the limit is {limits.max_request_elements}: send smaller batches", max_items(plan, limits, arrays))
-    if items * operations[0] + operations[1] > limits.max_request_operations:
+    total_operations = items * operations[0] + operations[1]
+    if total_operations > limits.max_request_operations:
         raise ResourceExhausted(
-            f"request would take {items * operations[0] + operations[1]} scalar operations "
-            f"({_counted(items, *operations, '')}, a matmul's products counted); the limit is "
+            f"request would take {total_operations} scalar operations "
+            f"({_counted(items, *operations)}, a matmul's products counted); the limit is "
             f"max_request_operations = {limits.max_request_operations}: send smaller batches or operands",
             max_items(plan, limits, arrays))
     if needed > limits.max_request_bytes:

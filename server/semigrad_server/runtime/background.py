@@ -10,16 +10,13 @@ ours is registered when the first thread is made, after numba was imported."""
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import time
 from typing import Callable
 
 THREAD_NAME = "semigrad-jit"
 EXIT_WAIT_SECONDS = 10.0
-
-
-_registered = threading.Lock()
-_at_exit: list[bool] = []
 _exiting = threading.Event()
 
 
@@ -30,15 +27,17 @@ def exiting() -> bool:
 
 def thread(target: Callable, *args) -> threading.Thread:
     """An unstarted daemon thread running `target(*args)`, waited for at exit."""
-    with _registered:
-        if not _at_exit:
-            atexit.register(_wait_at_exit)
-            _at_exit.append(True)
+    _register_exit_wait()
     return threading.Thread(target=target, args=args, daemon=True, name=THREAD_NAME)
 
 
 def running() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+
+
+@functools.cache
+def _register_exit_wait() -> None:
+    atexit.register(_wait_at_exit)
 
 
 def _wait_at_exit() -> None:

@@ -103,9 +103,9 @@ class Plan:
         # value made from unbatched inputs alone (a shared weight, its transpose) is computed once.
         self._node_inputs = tuple((node.id, node.inputs) for node in live_order)
         self._same_as = dict(same_as)
-        self._node_extra = {ref: kernel_work.get(ref, 0) for ref in kernel_work}
+        self._node_extra = dict(kernel_work)
         self._node_operations = node_operations
-        self._costs: dict[frozenset, tuple] = {}
+        self._costs: dict[frozenset, PlanCost] = {}
         groups = fusion_groups(live_order, ops, types, kept={ref for _, ref in outputs},
                                excluded=constant | set(map_components))
         absorbed = {n.id for g in groups.values() for n in g.members if n.id != g.root}
@@ -233,7 +233,6 @@ class Plan:
         c = np.array([line[1] for line in lines], dtype=np.int64)
         return b, c, nodes
 
-
     def run(self, inputs: Mapping[str, np.ndarray], deadline: float | None = None,
             backend: str = "tensor", shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
         env: list = [None] * self.n_slots
@@ -294,9 +293,9 @@ class PlanCost:
         """The most items whose elements, operations and bytes stay within these."""
         fits = [(limit - once) // max(per, 1) for limit, (per, once) in
                 ((elements, self.elements), (operations, self.operations))]
-        with np.errstate(divide="ignore"):
-            room = np.where(self.byte_per_item > 0, (nbytes - self.byte_once) // np.maximum(self.byte_per_item, 1),
-                            np.where(self.byte_once <= nbytes, np.iinfo(np.int64).max, -1))
+        # a step holding nothing per item fits any number of items, or none when it is over alone
+        room = np.where(self.byte_per_item > 0, (nbytes - self.byte_once) // np.maximum(self.byte_per_item, 1),
+                        np.where(self.byte_once <= nbytes, np.iinfo(np.int64).max, -1))
         return int(max(0, min(*fits, int(room.min()))))
 
 
