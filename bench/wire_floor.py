@@ -77,9 +77,11 @@ def serve_child() -> None:
     echo server, each on its own ephemeral port; prints both ports, serves until stdin closes."""
     from concurrent import futures
 
+    from semigrad_server.allocator import reuse_freed_memory
     from semigrad_server.limits import Limits
     from semigrad_server.service import build_server
 
+    reuse_freed_memory()  # as a worker of `semigrad serve` does
     server, port, _ = build_server("127.0.0.1:0")
     server.start()
     size = Limits().max_message_bytes  # the semigrad server's message limits, its other options grpc's defaults

@@ -191,3 +191,30 @@ def test_a_server_process_runs_blas_on_one_thread_unless_the_operator_says(opera
         assert was_set is False and after == before == [int(operator_setting)] * len(before)
     else:
         assert was_set is True and after == [1] * len(after)
+
+
+@pytest.mark.parametrize("operator_setting", [None, "131072"])
+def test_a_server_process_keeps_freed_megabytes_for_the_next_request_unless_the_operator_says(operator_setting):
+    """glibc maps every allocation over 128 KiB afresh and hands it back when freed, so every
+    megabyte message is memory the kernel zeroes and faults in again. `semigrad serve`
+    (allocator.reuse_freed_memory) keeps freed memory: 8 MiB freed stays resident for the next
+    request. An operator's MALLOC_MMAP_THRESHOLD_ (glibc's own tunable) is left as it is."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    if operator_setting:
+        env["MALLOC_MMAP_THRESHOLD_"] = operator_setting
+    code = ("import json, resource, os; from semigrad_server.allocator import reuse_freed_memory; "
+            "set_ = reuse_freed_memory(); page = os.sysconf('SC_PAGE_SIZE'); "
+            "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * page; "
+            "before = rss(); block = b'\x01' * (8 << 20); after_use = rss(); del block; "
+            "print(json.dumps([set_, after_use - before, rss() - before]))")
+    was_set, used, kept = json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                                    capture_output=True, text=True).stdout)
+    assert used >= 7 << 20  # the block was written (a few of its pages may have been resident before)
+    if operator_setting:
+        assert was_set is False and kept < 1 << 20  # glibc's way: the mapping went back to the kernel
+    else:
+        assert was_set is True and kept >= 7 << 20

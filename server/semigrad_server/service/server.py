@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from semigrad.v1 import semigrad_pb2 as pb
 
 from .. import errors, logs
+from ..allocator import reuse_freed_memory
 from ..cpus import BLAS_THREAD_VARIABLES, limit_blas_threads
 from ..engine import Engine
 from ..limits import Limits
@@ -150,6 +151,7 @@ def _is_loopback(host: str) -> bool:
 
 def _serve_one(host, port, *, config: Serving, reuse_port: bool, ready=None) -> None:
     """Serve until SIGINT/SIGTERM; `ready` (an event) is set once the server has started."""
+    reuse_freed_memory()
     metrics = Metrics.for_process() if config.metrics_port is not None else None
     store = open_store(config.store)
     engine = Engine(config.limits, store=metrics.counting(store) if metrics else store)
