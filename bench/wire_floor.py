@@ -135,13 +135,13 @@ class Recorder:
         t = self.transport
         self._call, self._stream = t.call, t.stream
 
-        def call(method, request):
-            response = self._call(method, request)
+        def call(method, request, *how):
+            response = self._call(method, request, *how)
             self.kind = "unary"
             self.sizes.append((request.ByteSize(), response.ByteSize()))
             return response
 
-        def stream(method, requests):
+        def stream(method, requests, *how):
             self.kind = "stream"
             sent = []
 
@@ -149,7 +149,7 @@ class Recorder:
                 for r in requests:
                     sent.append(r.ByteSize())
                     yield r
-            for k, response in enumerate(self._stream(method, recorded())):
+            for k, response in enumerate(self._stream(method, recorded(), *how)):
                 self.sizes.append((sent[k], response.ByteSize()))
                 yield response
 

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import pytest
 import semigrad as sg
-from semigrad import codec
+from semigrad import codec, wire
 from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 from semigrad_server.limits import Limits
@@ -63,19 +63,20 @@ class Chunks:
         transport = client.transport
         stream, call = transport.stream, transport.call
 
-        def counting_stream(method, requests):
+        def counting_stream(method, requests, *how):
             def counted():
                 for r in requests:
-                    self.sent.append(len(codec.from_tensor(r.request.inputs["x"])) if r.request.inputs["x"].data
+                    sent = pb.GradientStreamRequest.FromString(r.SerializeToString())  # as it goes on the wire
+                    self.sent.append(len(codec.from_tensor(sent.request.inputs["x"])) if sent.request.inputs["x"].data
                                      else -1)
                     yield r
-            for response in stream(method, counted()):
-                self.codes.append(response.code)
+            for response in stream(method, counted(), *how):
+                self.codes.append((response.message if isinstance(response, wire.Received) else response).code)
                 yield response
 
-        def counting_call(method, request):
+        def counting_call(method, request, *how):
             self.unary += 1
-            return call(method, request)
+            return call(method, request, *how)
 
         monkeypatch.setattr(transport, "stream", counting_stream)
         monkeypatch.setattr(transport, "call", counting_call)

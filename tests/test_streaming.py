@@ -69,18 +69,18 @@ class Calls:
         transport = client.transport
         call, stream = transport.call, transport.stream
 
-        def counting_call(method, request):
+        def counting_call(method, request, *how):
             self.unary.append(method)
-            return call(method, request)
+            return call(method, request, *how)
 
-        def counting_stream(method, requests):
+        def counting_stream(method, requests, *how):
             self.stream_chunks.append(0)
 
             def counted():
                 for r in requests:
                     self.stream_chunks[-1] += 1
                     yield r
-            return stream(method, counted())
+            return stream(method, counted(), *how)
 
         monkeypatch.setattr(transport, "call", counting_call)
         monkeypatch.setattr(transport, "stream", counting_stream)

@@ -155,11 +155,17 @@ def to_tensor(value, dtype=None) -> pb.Tensor:
     """
     if dtype is None and type(value) is np.ndarray and value.dtype == _FLOAT64:  # the usual case, kept short
         return pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=value.shape, data=value.tobytes())
-    array = np.asarray(value) if dtype is None else cast(value, dtype)
-    name = value_dtype_name(array.dtype)
-    enum, wire = _DTYPES[name]
-    data = array.astype(wire, copy=False).tobytes(order="C")
-    return pb.Tensor(dtype=enum, shape=array.shape, data=data)
+    enum, array = wire_array(value if dtype is None else cast(value, dtype))
+    return pb.Tensor(dtype=enum, shape=array.shape, data=array.tobytes())
+
+
+def wire_array(value) -> tuple[int, np.ndarray]:
+    """The ``semigrad.v1.DType`` of an array-like and the array as it travels: C-contiguous, in
+    the wire dtype (little-endian; narrower integers widened to int64). No copy when it already is."""
+    array = np.asarray(value)
+    enum, wire = _DTYPES[value_dtype_name(array.dtype)]
+    array = array.astype(wire, copy=False)
+    return enum, array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def from_tensor(tensor: pb.Tensor) -> np.ndarray:

@@ -51,6 +51,18 @@ class LocalTransport:
         fill(request, tensors, None)
         return decode(self.call(method, request), codec.from_tensor)
 
+    def tensor_stream(self, method: str, requests):
+        for response in self.stream(method, requests):
+            yield response, codec.from_tensor
+
+    @staticmethod
+    def outgoing(message, tensors: Tensors, path: tuple[str, ...] = ()):
+        target = message
+        for name in path:
+            target = getattr(target, name)
+        fill(target, tensors, None)
+        return message
+
     # ---------------------------------------------------------------- the hot path: arrays, no messages
     def gradient(self, graph_id: str, inputs: Mapping[str, np.ndarray], wrt: tuple[str, ...],
                  outputs: tuple[str, ...], return_outputs: bool, backend: str):

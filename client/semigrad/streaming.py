@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import codec, messages
+from . import messages
 from .errors import InvalidArgument, ResourceExhausted, SemigradError, Unavailable, error_for_code
 from .messages import Gradients, SemiringGradients
 from .shared_memory import Placement
@@ -270,14 +270,17 @@ def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: lis
                     return
                 else:
                     placements[k] = placement
-            fill(request, tensors, placement)
-            yield pb.GradientStreamRequest(chunk=k, request=request)
+            if placement is None:
+                yield transport.outgoing(pb.GradientStreamRequest(chunk=k, request=request), tensors, ("request",))
+            else:
+                fill(request, tensors, placement)
+                yield pb.GradientStreamRequest(chunk=k, request=request)
 
     try:
-        responses = transport.stream("GradientStream", requests())
+        responses = transport.tensor_stream("GradientStream", requests())
         if show_progress:
             responses = _progress(responses, len(chunks))
-        for message in responses:
+        for message, read in responses:
             placement = placements.pop(message.chunk, None)
             try:
                 rows = message.max_items // batch.row_items  # the server counts items over every batch axis
@@ -287,7 +290,7 @@ def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: lis
                     failures.append((message.chunk, message.code, message.message))
                 else:  # copied straight from the message or the region into the whole batch's arrays
                     assembly.add(starts[message.chunk], messages.gradients_from(
-                        message.response, placement.view if placement is not None else codec.from_tensor),
+                        message.response, placement.view if placement is not None else read),
                         message.chunk)
                 answered.add(message.chunk)
             finally:

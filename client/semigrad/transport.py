@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Mapping
 import grpc
 import numpy as np
 
-from . import codec
+from . import codec, wire
 from .errors import FailedPrecondition, SemigradError, from_rpc_error
 from .shared_memory import Placement, RegionPool, is_local_target, tensor_bytes
 from .shared_memory import available as shared_memory_available
+from .v1 import semigrad_pb2 as pb
 from .v1 import semigrad_pb2_grpc as pb_grpc
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -124,27 +125,51 @@ class Transport:
         else:
             self.channel = grpc.secure_channel(target, credentials, channel_options)
         self.stub = pb_grpc.GraphServiceStub(self.channel)
+        self._tensor_calls: dict[str, Callable] = {}  # method -> its multi-callable through wire.py
         self.timeout = timeout
         # Sent with every call: the bearer token that says which tenant calls (see Client).
         self.metadata = ((AUTHORIZATION, f"Bearer {token}"),) if token else None
 
-    def call(self, method: str, request):
+    def call(self, method: str, request, callable_=None):
         """The response of unary `method`, errors as SemigradError. A call whose stream broke after
         the answer began (see BROKEN_STREAM) is made again, up to BROKEN_STREAM_ATTEMPTS in all."""
+        callable_ = callable_ or getattr(self.stub, method)
         for attempt in range(1, BROKEN_STREAM_ATTEMPTS + 1):
             try:
-                return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self.metadata)
+                return callable_(request, timeout=self.timeout, metadata=self.metadata)
             except grpc.RpcError as error:
                 if attempt == BROKEN_STREAM_ATTEMPTS or not broken_stream(error):
                     raise from_rpc_error(error) from error
             time.sleep(BROKEN_STREAM_BACKOFF * attempt)
 
-    def stream(self, method: str, requests):
+    def stream(self, method: str, requests, callable_=None):
         """Responses of a streaming call, errors of the call itself as SemigradError."""
         try:
-            yield from getattr(self.stub, method)(requests, timeout=self.timeout, metadata=self.metadata)
+            yield from (callable_ or getattr(self.stub, method))(requests, timeout=self.timeout,
+                                                                 metadata=self.metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
+
+    def tensor_stream(self, method: str, requests):
+        """(response, read) of each response of streaming `method`, its requests made by
+        :meth:`outgoing` (their inline tensors written once, read as views: wire.py)."""
+        for received in self.stream(method, requests, self._tensor_callable(method, ("response",))):
+            yield received.message, received.read
+
+    @staticmethod
+    def outgoing(message, tensors: Tensors, path: tuple[str, ...] = ()):
+        """`message` with `tensors` inline in the message at `path`, for :meth:`tensor_stream`."""
+        return wire.Outgoing(message, tensors, path)
+
+    def _tensor_callable(self, method: str, path: tuple[str, ...] = ()):
+        callable_ = self._tensor_calls.get(method)
+        if callable_ is None:
+            rpc = pb.DESCRIPTOR.services_by_name["GraphService"].methods_by_name[method]
+            make = self.channel.stream_stream if rpc.client_streaming else self.channel.unary_unary
+            callable_ = self._tensor_calls[method] = make(
+                f"/{rpc.containing_service.full_name}/{method}", request_serializer=wire.serialize,
+                response_deserializer=wire.Reader(getattr(pb, rpc.output_type.name), path))
+        return callable_
 
     def tensor_call(self, method: str, request, tensors: Tensors, result_bytes: Callable[[], int],
                     decode: Callable):
@@ -162,8 +187,10 @@ class Transport:
             finally:
                 placement.finish(self.release)
             request.ClearField("output_region")
-        fill(request, tensors, None)
-        return decode(self.call(method, request), codec.from_tensor)
+        for field in tensors:  # (filled with the region's references above)
+            request.ClearField(field)
+        received = self.call(method, wire.Outgoing(request, tensors), self._tensor_callable(method))
+        return decode(received.message, received.read)
 
     def placement(self, tensors: Tensors, result_bytes: Callable[[], int]) -> Placement | None:
         """A region of its own for a call moving `tensors` and about `result_bytes()` of results,

@@ -1,0 +1,119 @@
+"""semigrad.wire against protobuf itself: a request serialized by wire.Outgoing parses to the
+message the plain way builds (codec.to_tensor into the maps), and a response read by
+wire.Reader gives the arrays protobuf's parse and codec.from_tensor give, for arrays of every
+dtype, shape and layout a user passes, maps and messages around them, and bytes protobuf
+accepts that wire.Reader does not rewrite (shared references, unknown fields, fields repeated)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from semigrad import codec, wire
+from semigrad.v1 import semigrad_pb2 as pb
+
+DTYPES = ["<f8", ">f8", "<f4", "f2", "<i8", ">i4", "i1", "u2", "?"]
+names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=6)
+
+
+@st.composite
+def arrays(draw):
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
+    array = draw(hnp.arrays(dtype, shape, elements={"allow_nan": False} if dtype.kind == "f" else None))
+    if array.ndim and draw(st.booleans()):  # a transposed or strided view, as users pass them
+        array = array.T if draw(st.booleans()) else array[::2]
+    return array
+
+
+tensor_maps = st.dictionaries(names, arrays(), max_size=3)
+
+
+def plain(message, tensors):
+    for field, values in tensors.items():
+        for key, array in values.items():
+            getattr(message, field)[key].CopyFrom(codec.to_tensor(array))
+    return message
+
+
+@settings(max_examples=150, deadline=None)
+@given(inputs=tensor_maps, seeds=tensor_maps, graph_id=names, wrt=st.lists(names, max_size=2),
+       chunk=st.integers(0, 2**64 - 1), nested=st.booleans())
+def test_an_outgoing_request_parses_to_the_plainly_built_message(inputs, seeds, graph_id, wrt, chunk, nested):
+    request = pb.GradientRequest(graph_id=graph_id, wrt=wrt)
+    tensors = {"inputs": inputs, "seeds": seeds}
+    if nested:
+        outgoing = wire.Outgoing(pb.GradientStreamRequest(chunk=chunk, request=request), tensors, ("request",))
+        expected = pb.GradientStreamRequest(chunk=chunk, request=plain(pb.GradientRequest(graph_id=graph_id, wrt=wrt),
+                                                                        tensors))
+    else:
+        outgoing = wire.Outgoing(request, tensors)
+        expected = plain(pb.GradientRequest(graph_id=graph_id, wrt=wrt), tensors)
+    raw = outgoing.SerializeToString()
+    assert type(expected).FromString(raw) == expected
+    assert outgoing.ByteSize() == len(raw)
+
+
+def shared_tensor(array):
+    return pb.Tensor(dtype=codec.dtype_to_proto(codec.value_dtype_name(array.dtype)), shape=array.shape,
+                     shared=pb.SharedMemoryRef(region="semigrad-00ff", offset=64, capability=b"c" * 32))
+
+
+@settings(max_examples=150, deadline=None)
+@given(gradients=tensor_maps, outputs=tensor_maps, shared=st.dictionaries(names, arrays(), max_size=2),
+       nested=st.booleans(), code=st.integers(0, 16), text=names, extra=st.binary(max_size=12))
+def test_a_read_response_gives_what_protobuf_gives(gradients, outputs, shared, nested, code, text, extra):
+    response = plain(pb.GradientResponse(), {"gradients": gradients, "outputs": outputs})
+    for key, array in shared.items():  # references to regions: kept as protobuf reads them
+        response.retained[key].CopyFrom(shared_tensor(array))
+    if nested:
+        message = pb.GradientStreamResponse(chunk=3, response=response, code=code, message=text)
+        raw, reader = message.SerializeToString(), wire.Reader(pb.GradientStreamResponse, ("response",))
+    else:
+        raw, reader = response.SerializeToString(), wire.Reader(pb.GradientResponse)
+    # an unknown field (number 900, length-delimited) at the end: protobuf keeps it as unknown
+    raw += b"\xa2\x38" + bytes([len(extra)]) + extra
+    expected = type(reader.message_type.FromString(raw))
+    parsed = expected.FromString(raw)
+    received = reader(raw)
+    inner_expected = parsed.response if nested else parsed
+    inner = received.message.response if nested else received.message
+    if nested:
+        assert (received.message.chunk, received.message.code, received.message.message) == (3, code, text)
+    for field in ("gradients", "outputs"):
+        got, want = getattr(inner, field), getattr(inner_expected, field)
+        assert got.keys() == want.keys()
+        for key in want:
+            a, b = received.read(got[key]), codec.from_tensor(want[key])
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+            assert not a.flags.writeable
+    assert inner.retained == inner_expected.retained
+    assert received.ByteSize() == len(raw)
+
+
+@pytest.mark.parametrize("mangle", ["truncated", "length past the end", "group wire type"])
+def test_bytes_the_reader_does_not_understand_are_protobufs_to_refuse_or_read(mangle):
+    response = plain(pb.GradientResponse(), {"gradients": {"x": np.arange(4.0)}})
+    raw = response.SerializeToString()
+    bad = {"truncated": raw[:-3], "length past the end": raw[:1] + b"\xff\x01" + raw[2:],
+           "group wire type": b"\x0b" + raw}[mangle]
+    try:
+        expected = pb.GradientResponse.FromString(bad)
+    except Exception as error:  # noqa: BLE001 (protobuf's DecodeError)
+        with pytest.raises(type(error)):
+            wire.Reader(pb.GradientResponse)(bad)
+    else:
+        assert wire.Reader(pb.GradientResponse)(bad).message == expected
+
+
+def test_a_marker_the_reader_did_not_write_is_refused():
+    """A response naming the marker region itself (a server cannot make the client read its
+    received bytes at an offset of the server's choosing)."""
+    response = pb.GradientResponse()
+    response.gradients["x"].CopyFrom(pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=[1],
+                                               shared=pb.SharedMemoryRef(region=wire.MARK, offset=2)))
+    received = wire.Reader(pb.GradientResponse)(response.SerializeToString())
+    with pytest.raises(ValueError, match="not a region"):
+        received.read(received.message.gradients["x"])
