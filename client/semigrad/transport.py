@@ -158,7 +158,17 @@ class Transport:
 
     @staticmethod
     def outgoing(message, tensors: Tensors, path: tuple[str, ...] = ()):
-        """`message` with `tensors` inline in the message at `path`, for :meth:`tensor_stream`."""
+        """`message` with `tensors` inline in the message at `path` (its maps emptied first), to
+        send through :meth:`_tensor_callable`: written by wire.Outgoing from wire.THRESHOLD bytes
+        of tensors, filled in by protobuf below."""
+        target = message
+        for name in path:
+            target = getattr(target, name)
+        for field in tensors:
+            target.ClearField(field)
+        if sum(getattr(a, "nbytes", 0) for arrays in tensors.values() for a in arrays.values()) < wire.THRESHOLD:
+            fill(target, tensors, None)
+            return message
         return wire.Outgoing(message, tensors, path)
 
     def _tensor_callable(self, method: str, path: tuple[str, ...] = ()):
@@ -187,9 +197,7 @@ class Transport:
             finally:
                 placement.finish(self.release)
             request.ClearField("output_region")
-        for field in tensors:  # (filled with the region's references above)
-            request.ClearField(field)
-        received = self.call(method, wire.Outgoing(request, tensors), self._tensor_callable(method))
+        received = self.call(method, self.outgoing(request, tensors), self._tensor_callable(method))
         return decode(received.message, received.read)
 
     def placement(self, tensors: Tensors, result_bytes: Callable[[], int]) -> Placement | None:
