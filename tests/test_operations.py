@@ -171,21 +171,16 @@ def test_a_server_process_runs_blas_on_one_thread_unless_the_operator_says(opera
     """OpenBLAS sizes its pool by the host's cores and spins while it waits; `semigrad serve`
     (cpus.limit_blas_threads) gives each server process one BLAS thread, unless the operator set
     OPENBLAS_NUM_THREADS (or OMP_/MKL_): then that stays."""
-    import json
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                                                              "MKL_NUM_THREADS")}
     if operator_setting:
         env["OPENBLAS_NUM_THREADS"] = operator_setting
-    code = ("import json, numpy, threadpoolctl; from semigrad_server.cpus import limit_blas_threads; "
+    before, was_set, after = printed_json(
+            "import json, numpy, threadpoolctl; from semigrad_server.cpus import limit_blas_threads; "
             "before = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']; "
             "set_ = limit_blas_threads(); "
             "after = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']; "
-            "print(json.dumps([before, set_, after]))")
-    before, was_set, after = json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                                       capture_output=True, text=True).stdout)
+            "print(json.dumps([before, set_, after]))", env)
     assert before, "NumPy has no BLAS threadpoolctl can see"
     if operator_setting:
         assert was_set is False and after == before == [int(operator_setting)] * len(before)
@@ -199,22 +194,23 @@ def test_a_server_process_keeps_freed_megabytes_for_the_next_request_unless_the_
     megabyte message is memory the kernel zeroes and faults in again. `semigrad serve`
     (allocator.reuse_freed_memory) keeps freed memory: 8 MiB freed stays resident for the next
     request. An operator's MALLOC_MMAP_THRESHOLD_ (glibc's own tunable) is left as it is."""
-    import json
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     if operator_setting:
         env["MALLOC_MMAP_THRESHOLD_"] = operator_setting
-    code = ("import json, resource, os; from semigrad_server.allocator import reuse_freed_memory; "
+    was_set, used, kept = printed_json(
+            "import json, os; from semigrad_server.allocator import reuse_freed_memory; "
             "set_ = reuse_freed_memory(); page = os.sysconf('SC_PAGE_SIZE'); "
             "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * page; "
-            "before = rss(); block = b'\x01' * (8 << 20); after_use = rss(); del block; "
-            "print(json.dumps([set_, after_use - before, rss() - before]))")
-    was_set, used, kept = json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                                    capture_output=True, text=True).stdout)
+            "before = rss(); block = b'\\x01' * (8 << 20); after_use = rss(); del block; "
+            "print(json.dumps([set_, after_use - before, rss() - before]))", env)
     assert used >= 7 << 20  # the block was written (a few of its pages may have been resident before)
     if operator_setting:
         assert was_set is False and kept < 1 << 20  # glibc's way: the mapping went back to the kernel
     else:
         assert was_set is True and kept >= 7 << 20
+
+
+def printed_json(code: str, env: dict):
+    """What `code` prints as JSON, run by a fresh Python process with environment `env`."""
+    return json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                                     text=True).stdout)
