@@ -4,25 +4,32 @@
 # for machines that reach a Debian mirror and PyPI but not Docker Hub. This is how this project's
 # deploy files were run (docs/deploying.md); with Docker Hub, use the real images and skip this.
 #
-#   deploy/offline-base-images.sh [--force] [--network MODE]
+#   deploy/offline-base-images.sh [--force] [--network MODE] [--ca-certificates DIR]
 #
 # Needs root (debootstrap) and a running Docker engine. Each image is tagged exactly as the deploy
 # files name it, so they run unchanged, and labelled org.semigrad.stand-in=bookworm. An image of
 # that tag that is not a stand-in (a real one pulled earlier) is left alone unless --force.
 # --network MODE is given to `docker build` (e.g. host, when the default bridge cannot resolve
 # names); the same can be set with STANDIN_BUILD_NETWORK. MIRROR (default deb.debian.org) is the
-# Debian mirror. What each stand-in keeps of its official image is written beside it below.
+# Debian mirror. The python stand-in also trusts the certificates (*.crt) of --ca-certificates DIR,
+# by default this host's own additions, /usr/local/share/ca-certificates (where a TLS-inspecting
+# egress proxy's CA goes: without it pip in `docker build` fails CERTIFICATE_VERIFY_FAILED);
+# `--ca-certificates ''` adds none. What each stand-in keeps of its official image is written
+# beside it below.
 set -euo pipefail
 
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 NETWORK=${STANDIN_BUILD_NETWORK:-}
+CA_DIR=/usr/local/share/ca-certificates
 FORCE=0
 while [ $# -gt 0 ]; do
   case $1 in
     --force) FORCE=1 ;;
     --network) NETWORK=$2; shift ;;
     --network=*) NETWORK=${1#--network=} ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --ca-certificates) CA_DIR=$2; shift ;;
+    --ca-certificates=*) CA_DIR=${1#--ca-certificates=} ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -62,17 +69,28 @@ EOF
     -c 'CMD ["bash"]' - "$BASE"
 fi
 
-# Builds image TAG from the Dockerfile on standard input.
+# Builds image TAG from the Dockerfile on standard input, in build context CONTEXT (default none).
 build() {
-  local tag=$1
-  docker build "${build_args[@]}" --label "$LABEL=bookworm" -t "$tag" -
+  local tag=$1 context=${2:-}
+  if [ -n "$context" ]; then
+    docker build "${build_args[@]}" --label "$LABEL=bookworm" -t "$tag" -f - "$context"
+  else
+    docker build "${build_args[@]}" --label "$LABEL=bookworm" -t "$tag" -
+  fi
 }
 
 # python:3.11-slim -- Debian's python3.11 as `python`/`python3` and pip usable system-wide (the
 # official image's pip installs into the system Python; Debian's marks it externally managed,
-# PEP 668, so that marker goes), with CA certificates, LANG=C.UTF-8, CMD python3.
+# PEP 668, so that marker goes), with CA certificates (and --ca-certificates'), LANG=C.UTF-8,
+# CMD python3.
 if should_build python:3.11-slim; then
-  build python:3.11-slim <<'EOF'
+  context=$(mktemp -d)
+  mkdir "$context/ca"
+  if [ -n "$CA_DIR" ] && compgen -G "$CA_DIR/*.crt" >/dev/null; then
+    cp "$CA_DIR"/*.crt "$context/ca/"
+    echo "python:3.11-slim will trust, beside Debian's CAs: $(cd "$context/ca" && echo *.crt)"
+  fi
+  build python:3.11-slim "$context" <<'EOF'
 FROM debian-local:bookworm
 RUN export DEBIAN_FRONTEND=noninteractive && apt-get update -q \
     && apt-get install -y -q --no-install-recommends python3.11 python3-pip python-is-python3 \
@@ -80,9 +98,12 @@ RUN export DEBIAN_FRONTEND=noninteractive && apt-get update -q \
     && rm -rf /var/lib/apt/lists/* /usr/lib/python3.11/EXTERNALLY-MANAGED \
     && ln -s /usr/bin/pip3 /usr/local/bin/pip \
     && python --version && pip --version
+COPY ca/ /usr/local/share/ca-certificates/
+RUN update-ca-certificates
 ENV LANG=C.UTF-8
 CMD ["python3"]
 EOF
+  rm -rf "$context"
 fi
 
 # redis:7 -- Debian's redis-server 7.0 run as user redis in /data. The official image compiles
