@@ -8,8 +8,9 @@
   what the Compose specification does not define).
 
 Each validator is shown broken copies too, so one that accepted anything would fail here.
-Nothing here runs a cluster or Docker (this machine has neither; docs/deploying.md says so);
-tests/test_replicas.py runs the HAProxy settings against real processes."""
+Nothing here runs a cluster or Docker: tests/test_deploy_compose_run.py runs both compose files
+(opt-in: `make compose-test`), and tests/test_replicas.py runs the HAProxy settings against real
+processes. No cluster has run the Kubernetes manifests."""
 
 from __future__ import annotations
 
