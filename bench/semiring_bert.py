@@ -33,6 +33,7 @@ Run from the repo root:
     .venv/bin/python bench/semiring_bert.py               # BERT-base + MLP: minutes, and ~3 GB of memory
     .venv/bin/python bench/semiring_bert.py --quick       # 2 layers × 256 wide, 32 tokens: ~1 min
     .venv/bin/python bench/semiring_bert.py --layers 2    # any size: --seq --d-model --heads --ff --rows --width --hidden
+    .venv/bin/python bench/semiring_bert.py --decomposed  # softmax, layer_norm as primitive ops (O(n) edges a row)
 Prints a markdown report on stdout (progress on stderr); exits 1 if a check fails.
 Arguments meant for other benchmarks (bench/run.py passes its arguments to all) are ignored.
 """
@@ -75,6 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", default="bert,mlp", help="comma-separated: bert, mlp (default both)")
     p.add_argument("--quick", action="store_true", help="small sizes, for checking that it runs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decomposed", action="store_true",
+                   help="import softmax, log_softmax and layer_norm decomposed into primitive ops "
+                        "(sg.from_torch(decomposed=True): O(n) edges per row instead of the fused ops' n^2)")
     args, ignored = p.parse_known_args(argv)
     if ignored:
         print(f"semiring_bert.py: ignoring arguments of other benchmarks: {' '.join(ignored)}", file=sys.stderr)
@@ -96,7 +100,7 @@ def resolved_argv(args) -> list[str]:
     return ["--layers", str(args.layers), "--seq", str(args.seq), "--d-model", str(args.d_model),
             "--heads", str(args.heads), "--ff", str(args.ff), "--rows", str(args.rows), "--width", str(args.width),
             "--hidden", str(args.hidden), "--semirings", *args.semirings, "--repeats", str(args.repeats),
-            "--models", ",".join(args.models), "--seed", str(args.seed)]
+            "--models", ",".join(args.models), "--seed", str(args.seed)] + (["--decomposed"] if args.decomposed else [])
 
 
 def bert_model(args):
@@ -143,7 +147,7 @@ def bench_model(name, model, x, args, client) -> tuple[list[list[str]], dict]:
     with section(f"{name}: import"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
-        imported = sg.from_torch(model, (x,))
+        imported = sg.from_torch(model, (x,), decomposed=args.decomposed)
         t_import = time.perf_counter() - t0
         graph = client.register(imported.graph)
     inputs = imported.inputs_for(x)
