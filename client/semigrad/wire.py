@@ -243,9 +243,9 @@ class Reader:
         for number, wire_type, start, value, stop in _fields(raw, at, end):
             if number == 1 and wire_type == LEN:
                 key = (start, stop)
-            elif number == 2 and wire_type == LEN:
+            elif number == 2 and wire_type == LEN and tensor is None:
                 tensor = (value, stop)
-            else:
+            else:  # (a value given twice is two messages protobuf merges: left to protobuf)
                 return None
         if tensor is None:
             return None

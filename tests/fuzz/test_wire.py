@@ -95,6 +95,20 @@ def test_a_read_response_gives_what_protobuf_gives(gradients, outputs, shared, n
     assert received.ByteSize() == len(raw)
 
 
+def test_a_map_value_given_twice_is_merged_as_protobuf_merges_it():
+    """Two Tensor messages in one map entry are merged by protobuf (the dtype of one, the data of
+    the other): the reader leaves such an entry to protobuf."""
+    data = np.arange(3.0)
+    first = pb.Tensor(dtype=pb.DTYPE_FLOAT64).SerializeToString()
+    second = pb.Tensor(shape=[3], data=data.tobytes()).SerializeToString()
+    entry = b"\x0a\x01x" + b"\x12" + bytes([len(first)]) + first + b"\x12" + bytes([len(second)]) + second
+    raw = b"\x0a" + bytes([len(entry)]) + entry + b"\x0a\x00" * 40000  # past the threshold
+    expected = pb.GradientResponse.FromString(raw)
+    received = wire.Reader(pb.GradientResponse)(raw)
+    assert received.message == expected
+    assert np.array_equal(received.read(received.message.gradients["x"]), data)
+
+
 @pytest.mark.parametrize("mangle", ["truncated", "length past the end", "group wire type"])
 def test_bytes_the_reader_does_not_understand_are_protobufs_to_refuse_or_read(mangle):
     response = plain(pb.GradientResponse(), {"gradients": {"x": np.arange(4.0)}})
