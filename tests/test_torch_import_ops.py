@@ -156,6 +156,27 @@ def test_decomposed_builds_the_fused_ops_from_primitives(client, rng):
     np.testing.assert_allclose(grads[arg], want_grads["arg0"], rtol=1e-10, atol=1e-13)
 
 
+def test_decomposed_ops_inner_nodes_never_take_a_later_torch_node_s_name(client, rng):
+    """The inner nodes of a decomposed layer_norm or softmax are named as the graph names nodes
+    (``mul_2``); a torch node of that name imported later takes another (BERT-base with
+    decomposed=True was refused: "name 'mul_6' is already used in this graph")."""
+    def fn(x):
+        for _ in range(3):
+            x = F.layer_norm(x, (x.shape[-1],)) * 1.5
+            x = torch.softmax(x, -1) * 0.5 + x * 2.0
+        return x
+
+    x = _t(3, 5)
+    result = sg.from_torch(fn, (x,), decomposed=True)
+    seed = rng.standard_normal((3, 5))
+    want_outs, want_grads = _reference(_m(Fn(lambda m, x: fn(x))), (x,), [seed])
+    (arg,) = result.user_inputs
+    grads, got = client.register(result.graph).gradient(result.inputs_for(x), wrt=[arg], seeds={"output": seed},
+                                                         return_outputs=True)
+    np.testing.assert_allclose(got["output"], want_outs[0], rtol=1e-10)
+    np.testing.assert_allclose(grads[arg], want_grads["arg0"], rtol=1e-10, atol=1e-13)
+
+
 def test_indices_nobody_reads_add_no_node():
     """max(dim) returns values and indices; only read indices become argmax nodes (an unread one
     would make the scalar and symbolic backends refuse the graph for nothing)."""

@@ -123,6 +123,10 @@ class Graph:
         digest = hashlib.sha256(repr((expression, list(operands))).encode()).hexdigest()[:12]
         return self.op(f"expr_{digest}", list(operands), expression)(name=name, **operands)
 
+    def __contains__(self, name: str) -> bool:
+        """Whether an input or node of this graph has id ``name``."""
+        return name in self._ids
+
     def to_proto(self) -> pb.Graph:
         """Return the graph as a ``semigrad.v1.Graph`` message."""
         return pb.Graph(inputs=self._inputs, nodes=self._nodes, outputs=self._outputs,

@@ -289,8 +289,9 @@ class _Importer:
         return handle
 
     def unique(self, name: str) -> str:
-        """``name`` unless an input already has it."""
-        while name in self.taken:
+        """``name`` unless an input or a node already has it (decomposed ops, sg.layer_norm(...,
+        decomposed=True) and the like, name their inner nodes as the graph does: ``mul_6``)."""
+        while name in self.taken or name in self.graph:
             name += "/node"
         self.taken.add(name)
         return name
