@@ -364,8 +364,9 @@ def log_softmax(x, axis: int = -1, *, decomposed: bool = False, name: str | None
                  _floating(x.dtype), name)
 
 
-def logsumexp(x, axis=-1, keepdims: bool = False, *, decomposed: bool = False, name: str | None = None):
-    """``log(sum(exp(x)))`` over ``axis`` (int, tuple of ints, or None for all), max-shifted.
+def logsumexp(x, axis=None, keepdims: bool = False, *, decomposed: bool = False, name: str | None = None):
+    """``log(sum(exp(x)))`` over ``axis`` (int, tuple of ints, or None: every axis, as
+    :func:`sum` and SciPy's and JAX's ``logsumexp`` by default), max-shifted.
     ``decomposed=True``: built from max, sub, exp, sum, log and add nodes."""
     (x,) = _handles([x])
     axes = None if axis is None else _ints(axis)

@@ -120,6 +120,14 @@ def test_decomposed_forms_give_the_fused_ops_values_and_gradients_but_other_path
     assert not np.array_equal(parts.gradient(inputs, semiring="counting")["x0"], fused_count)
 
 
+def test_logsumexp_reduces_every_axis_by_default_as_sum_does(client, rng):
+    """sg.logsumexp(x), as sg.sum(x), SciPy's and JAX's logsumexp: every axis (it was the last one)."""
+    x = rng.normal(size=(3, 4))
+    got = client.register(_graph(lambda h: sg.logsumexp(h), [(3, 4)])).evaluate({"x0": x})["out"]
+    assert got.shape == ()
+    np.testing.assert_allclose(got, np.log(np.exp(x).sum()), rtol=1e-14)
+
+
 # ---------------------------------------------------------------- element-level edges, counted
 
 
