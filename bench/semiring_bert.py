@@ -15,7 +15,9 @@ float64 because the semiring carriers are float64 (a float32 graph is lifted to 
 every semiring op anyway, so float32 would only make PyTorch's side cheaper) and because path
 products over 12 layers leave float32's range long before float64's.
 
-Per model, timed in alternation (`--repeats` rounds; the best of them reported, the least disturbed on a shared machine):
+Per model, after one untimed round (every call once: semigrad compiles each request's plan on
+its first call, 2-7 s per semiring at BERT-base size), timed in alternation (`--repeats` rounds;
+the best of them reported, the least disturbed on a shared machine):
 
 * torch: `model(x)` then `.backward()` with x and every parameter requiring grad (PyTorch's
   ordinary backward), and `model(x)` alone under `torch.no_grad()` (its forward);
@@ -174,6 +176,9 @@ def bench_model(name, model, x, args, client) -> tuple[list[list[str]], dict]:
     calls[product] = grad(PRODUCT)
     times: dict[str, list[float]] = {k: [] for k in calls}
     results = {}
+    with section(f"{name}: a round untimed: each call's plan compiled, PyTorch warmed up"):
+        for call in calls.values():
+            call()
     with section(f"{name}: timing, {args.repeats} alternating rounds"):
         for _ in range(args.repeats):
             for key, call in calls.items():
