@@ -134,6 +134,26 @@ def test_tropical_matmul_infinities_and_nan_as_numpy(implementation, add, mul, s
     np.testing.assert_array_equal(kernels.tropical_matmul(a, b, add, mul, zero=0.0), want)
 
 
+@pytest.mark.parametrize("special", [None, np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("add,mul", list(itertools.product(kernels.ADDS, kernels.MULS)))
+def test_numba_compares_plainly_only_when_no_operand_is_nan_or_infinite(implementation, add, mul, special):
+    """The numba kernels skip their NaN-propagating comparisons for finite operands (no ⊗ can
+    make a NaN then): one value of NaN or ±inf, anywhere, takes the propagating ones. Both give
+    brute force's result."""
+    if implementation != "numba":
+        pytest.skip("the numba kernels' choice")
+    rng = np.random.default_rng(7)
+    a, b = random_values(rng, (5, 9)), random_values(rng, (9, 6))
+    if special is not None:
+        b[4, 2] = special
+    key = "tropical_matmul operands (numba)"
+    before = counted(key, "finite"), counted(key, "with NaN or ±inf")
+    got = kernels.tropical_matmul(a, b, add, mul, zero=0.0)
+    after = counted(key, "finite"), counted(key, "with NaN or ±inf")
+    assert (after[0] - before[0], after[1] - before[1]) == ((1, 0) if special is None else (0, 1))
+    np.testing.assert_array_equal(got, brute_tropical(a, b, add, mul, 0.0))
+
+
 @pytest.mark.parametrize("c", [2.5, 1.0, 0.0, -3.0, np.inf, -np.inf, np.nan])
 @pytest.mark.parametrize("add,mul", list(itertools.product(kernels.ADDS, kernels.MULS)))
 def test_tropical_matmul_with_a_constant_operand(implementation, add, mul, c):

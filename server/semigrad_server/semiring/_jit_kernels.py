@@ -20,27 +20,30 @@ J_BLOCK = 256  # columns per tile: 4 output rows of it (8 KB) stay in L1, a pane
 
 
 @numba.njit(inline="always")
-def _combine(code, x, y):
-    """⊗. max and min propagate NaN like np.maximum and np.minimum (`|`, not `or`: no branch)."""
+def _combine(code, x, y, nan):
+    """⊗. max and min propagate NaN like np.maximum and np.minimum (`|`, not `or`: no branch);
+    without `nan` (finite operands: no ⊗ can make a NaN) a plain comparison."""
     if code == MUL_MUL:
         return x * y
     if code == MUL_ADD:
         return x + y
     if code == MUL_MAX:
-        return x if ((x > y) | (x != x)) else y
-    return x if ((x < y) | (x != x)) else y
+        return x if ((x > y) | (nan & (x != x))) else y
+    return x if ((x < y) | (nan & (x != x))) else y
 
 
 @numba.njit(inline="always")
-def _accumulate(code, v, acc):
-    """acc ⊕ v, NaN-propagating: once the accumulator is NaN nothing replaces it."""
+def _accumulate(code, v, acc, nan):
+    """acc ⊕ v, NaN-propagating when `nan`: once the accumulator is NaN nothing replaces it.
+    Without `nan` a plain comparison, the same result when no value is NaN, 1.7-1.8× faster
+    (a BERT-width 128 × 768 × 3072 max-times product: 1.0 → 1.7-1.9 G products a second)."""
     if code == ADD_MAX:
-        return v if ((v > acc) | (v != v)) else acc
-    return v if ((v < acc) | (v != v)) else acc
+        return v if ((v > acc) | (nan & (v != v))) else acc
+    return v if ((v < acc) | (nan & (v != v))) else acc
 
 
 @numba.njit(inline="always")
-def _tropical(a, b, ia, ib, zero, out, add, mul):
+def _tropical(a, b, ia, ib, zero, out, add, mul, nan):
     """out[t, i, j] = ⊕_k a[ia[t], i, k] ⊗ b[ib[t], k, j], from `zero`. Tiled over columns
     (J_BLOCK when there are 4 rows or more: 4 output rows of a tile stay in L1), over k (a K_BLOCK × J_BLOCK panel of b
     stays in L2) and over 4 rows of a (each b element is loaded once for 4 output rows); the
@@ -75,10 +78,10 @@ def _tropical(a, b, ia, ib, zero, out, add, mul):
                         brow = bt[kk]
                         for j in range(j0, j1):
                             y = brow[j]
-                            r0[j] = _accumulate(add, _combine(mul, x0, y), r0[j])
-                            r1[j] = _accumulate(add, _combine(mul, x1, y), r1[j])
-                            r2[j] = _accumulate(add, _combine(mul, x2, y), r2[j])
-                            r3[j] = _accumulate(add, _combine(mul, x3, y), r3[j])
+                            r0[j] = _accumulate(add, _combine(mul, x0, y, nan), r0[j], nan)
+                            r1[j] = _accumulate(add, _combine(mul, x1, y, nan), r1[j], nan)
+                            r2[j] = _accumulate(add, _combine(mul, x2, y, nan), r2[j], nan)
+                            r3[j] = _accumulate(add, _combine(mul, x3, y, nan), r3[j], nan)
                     i0 += 4
                 for i in range(i0, m):
                     row = ot[i]
@@ -86,54 +89,95 @@ def _tropical(a, b, ia, ib, zero, out, add, mul):
                         x = at[i, kk]
                         brow = bt[kk]
                         for j in range(j0, j1):
-                            row[j] = _accumulate(add, _combine(mul, x, brow[j]), row[j])
+                            row[j] = _accumulate(add, _combine(mul, x, brow[j], nan), row[j], nan)
 
 
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
-# One top-level entry point per (⊕, ⊗) pair, written out: numba folds the constant operators
+# Two top-level entry points per (⊕, ⊗) pair, written out (NaN-propagating, and `_finite` for
+# operands without NaN or ±inf, where no product or sum can be NaN): numba folds the constant operators
 # into each compiled loop, and its on-disk cache needs functions defined at module level (a
 # factory making them in a loop would recompile in every process).
 
 
 @numba.njit(**_OPTIONS)
 def max_mul(a, b, ia, ib, zero, out):
-    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MUL)
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MUL, True)
+
+
+@numba.njit(**_OPTIONS)
+def max_mul_finite(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MUL, False)
 
 
 @numba.njit(**_OPTIONS)
 def max_add(a, b, ia, ib, zero, out):
-    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_ADD)
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_ADD, True)
+
+
+@numba.njit(**_OPTIONS)
+def max_add_finite(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_ADD, False)
 
 
 @numba.njit(**_OPTIONS)
 def max_max(a, b, ia, ib, zero, out):
-    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MAX)
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MAX, True)
+
+
+@numba.njit(**_OPTIONS)
+def max_max_finite(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MAX, False)
 
 
 @numba.njit(**_OPTIONS)
 def max_min(a, b, ia, ib, zero, out):
-    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MIN)
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MIN, True)
+
+
+@numba.njit(**_OPTIONS)
+def max_min_finite(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MIN, False)
 
 
 @numba.njit(**_OPTIONS)
 def min_mul(a, b, ia, ib, zero, out):
-    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MUL)
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MUL, True)
+
+
+@numba.njit(**_OPTIONS)
+def min_mul_finite(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MUL, False)
 
 
 @numba.njit(**_OPTIONS)
 def min_add(a, b, ia, ib, zero, out):
-    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_ADD)
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_ADD, True)
+
+
+@numba.njit(**_OPTIONS)
+def min_add_finite(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_ADD, False)
 
 
 @numba.njit(**_OPTIONS)
 def min_max(a, b, ia, ib, zero, out):
-    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MAX)
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MAX, True)
+
+
+@numba.njit(**_OPTIONS)
+def min_max_finite(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MAX, False)
 
 
 @numba.njit(**_OPTIONS)
 def min_min(a, b, ia, ib, zero, out):
-    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MIN)
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MIN, True)
+
+
+@numba.njit(**_OPTIONS)
+def min_min_finite(a, b, ia, ib, zero, out):
+    _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MIN, False)
 
 
 @numba.njit(**_OPTIONS)
