@@ -186,7 +186,7 @@ def test_two_servers_on_one_redis_serve_each_others_graphs(redis_url):
         point = np.array([0.1, -1.2, 2.5])
         with sg.Client(f"127.0.0.1:{servers[0][1]}") as first, sg.Client(f"127.0.0.1:{servers[1][1]}") as second:
             graph_id = first.register(g).id
-            assert graph_id not in servers[1][2].compiled
+            assert ("", graph_id) not in servers[1][2].compiled  # (tenant, id)
             gradient = second.get_graph(graph_id).gradient({"x": point})["x"]
             np.testing.assert_allclose(gradient, np.cos(point) * point + np.sin(point), rtol=1e-12)
             assert second.delete_graph(graph_id) is True

@@ -114,6 +114,42 @@ def test_tenants_see_only_their_own_graphs(address):
         assert a.register(graph).created  # a's anew
 
 
+def test_a_tenant_never_runs_on_another_tenants_compiled_plans():
+    """A graph another tenant registered and used must cost a tenant the same as one nobody uses:
+    with one compiled graph (and its plans) per content hash, tenant b's first gradient of a graph
+    tenant a had used was a plan-cache hit (3 ms against 550 ms for a 300-node chain), which told b
+    that someone else had registered and used a graph b could guess."""
+    import contextvars
+
+    from semigrad_server import telemetry
+    from semigrad_server.engine import Engine, tenancy
+
+    engine = Engine()
+    graph = sg.Graph()
+    x = graph.input("x", (2,))
+    graph.output("y", sg.sum(sg.sin(x) * x))
+    proto = graph.to_proto()
+    from semigrad_server.service.convert import graph_from_proto
+
+    events: list[str] = []
+    telemetry.listen(events.append)
+    try:
+        def first_gradient(tenant):
+            tenancy.enter(tenant)
+            cg, created = engine.register(graph_from_proto(proto))
+            assert created
+            events.clear()
+            engine.gradient(cg.id, {"x": np.array([0.5, -1.0])})
+            return cg, list(events)
+
+        cg_a, events_a = contextvars.copy_context().run(first_gradient, "a")
+        cg_b, events_b = contextvars.copy_context().run(first_gradient, "b")
+    finally:
+        telemetry.listen(None)
+    assert events_a == events_b == ["plan_compile"], (events_a, events_b)
+    assert cg_a is not cg_b and cg_a.id == cg_b.id
+
+
 def test_tokens_file_and_bad_entries(tmp_path):
     path = tmp_path / "tokens"
     path.write_text(f"# tenants\na {TOKEN_A}\nb {TOKEN_B}  # rotation: two tokens for b\nb {TOKEN_B}-new\n")
