@@ -164,6 +164,44 @@ def test_tokens_file_and_bad_entries(tmp_path):
     assert not load_tokens(None, environ={}).enabled
 
 
+def test_a_token_source_that_holds_no_token_is_refused(tmp_path):
+    """`--tokens FILE` (or $SEMIGRAD_TOKENS_FILE, $SEMIGRAD_TOKENS) given but holding no token is an
+    error, not a server without authentication: an empty or all-comment token file (a secret not
+    filled in yet), an empty path (`--tokens "$FILE"` with $FILE unset) or a blank variable all
+    used to serve every caller as the anonymous tenant, with no word on loopback."""
+    path = tmp_path / "tokens"
+    for text in ("", "# filled in by the deploy\n", "\n   \n"):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="holds no 'TENANT TOKEN' line"):
+            load_tokens(path, environ={})
+        with pytest.raises(ValueError, match="SEMIGRAD_TOKENS_FILE"):
+            load_tokens(None, environ={"SEMIGRAD_TOKENS_FILE": str(path)})
+    for blank in ("", "  "):
+        with pytest.raises(ValueError, match="names no file"):
+            load_tokens(blank, environ={})
+        with pytest.raises(ValueError, match="names no file"):
+            load_tokens(None, environ={"SEMIGRAD_TOKENS_FILE": blank})
+        with pytest.raises(ValueError, match="holds no TENANT=TOKEN pair"):
+            load_tokens(None, environ={"SEMIGRAD_TOKENS": blank})
+    with pytest.raises(ValueError, match="holds no TENANT=TOKEN pair"):
+        load_tokens(None, environ={"SEMIGRAD_TOKENS": " , ,"})
+    assert not load_tokens(None, environ={}).enabled  # nothing given: authentication off, as documented
+
+
+def test_a_token_may_hold_a_hash_sign(tmp_path):
+    """A '#' starts a comment only at the start of a line or after a space: a token holding one
+    was cut there, so its first part alone was accepted and the whole token refused."""
+    from semigrad_server.errors import Unauthenticated
+
+    path = tmp_path / "tokens"
+    path.write_text(f"a {TOKEN_A}#rest-of-it  # a comment\n  # b {TOKEN_B}\n")
+    loaded = load_tokens(path, environ={})
+    assert loaded.tenant_of([("authorization", f"Bearer {TOKEN_A}#rest-of-it")]) == "a"
+    with pytest.raises(Unauthenticated):
+        loaded.tenant_of([("authorization", f"Bearer {TOKEN_A}")])
+    assert set(loaded.tenants.values()) == {"a"}
+
+
 def serving(limits: Limits):
     server, port, _ = build_server("127.0.0.1:0", limits=limits, tokens=tokens())
     server.start()

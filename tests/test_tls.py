@@ -97,6 +97,12 @@ def test_tls_options_must_make_sense(pki, tmp_path):
         tls_files(None, None, pki["ca"])
     with pytest.raises(ValueError, match="no file"):
         tls_files(str(tmp_path / "missing.crt"), pki["server"][1], None)
+    # an empty path is an error, not an option left out: --tls-client-ca "$CA" with $CA unset served
+    # TLS without client certificates, and empty --tls-cert/--tls-key served plaintext, in silence
+    cert, key = pki["server"]
+    for given in [("", "", None), (cert, key, ""), (cert, key, " "), ("", key, pki["ca"])]:
+        with pytest.raises(ValueError, match="names no file"):
+            tls_files(*given)
     with pytest.raises(ValueError, match="both a private key and a certificate chain"):
         sg.Client("localhost:1", private_key=pki["client"][1])
 
