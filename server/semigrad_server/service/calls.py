@@ -119,14 +119,22 @@ class _Call:
 
 
 def _refusing(handler, code: grpc.StatusCode, message: str):
-    def refuse(request, context):
+    """A handler that ends the call with `code` without reading its request: a client-streaming
+    handler whatever the method's kind (the wire is the same), that never takes a message. A
+    handler of the method's own kind would have gRPC receive and parse a unary request first, so a
+    caller without a token could make a worker hold and decode max_message_bytes (512 MiB) per
+    request thread before being told UNAUTHENTICATED (4 such calls of 200 MB grew a worker by 1.3 GB)."""
+
+    def refuse(requests, context):
         context.abort(code, message)
 
-    def refuse_stream(request, context):
+    def refuse_stream(requests, context):
         context.abort(code, message)
         yield  # pragma: no cover - abort raises
 
-    return _same_kind(handler, refuse, refuse_stream)
+    if handler.unary_stream or handler.stream_stream:
+        return grpc.stream_stream_rpc_method_handler(refuse_stream)
+    return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 def _wrapped(handler, enter, leave):
