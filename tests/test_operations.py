@@ -132,6 +132,45 @@ def test_a_stream_its_client_cancels_is_counted_cancelled_and_logged_with_its_re
         server.stop(0)
 
 
+def test_health_checks_are_answered_while_every_request_thread_is_busy():
+    """A worker whose request threads are all taken (calls waiting for a numba compile, slow
+    gradients: any tenant can send enough) still answers health checks at once: they waited in
+    the same queue, so load balancers and Kubernetes' probes took a busy replica for a dead one."""
+    from semigrad_server.engine import Engine
+    from semigrad_server.limits import Limits
+
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    class Stuck(Engine):
+        def get(self, graph_id):
+            started.release()
+            release.wait(30)
+            return super().get(graph_id)
+
+    limits = Limits(max_streams=1)
+    server, port, _ = build_server("127.0.0.1:0", threads=2, limits=limits, engine=Stuck(limits))
+    server.start()
+    calls = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GraphServiceStub(channel)
+            for _ in range(2 + 1 + 2):  # every thread of the pool (threads + max_streams), and more queued
+                calls.append(stub.GetGraph.future(pb.GetGraphRequest(graph_id="g0"), timeout=30))
+            for _ in range(3):
+                assert started.acquire(timeout=10)
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(3):
+                answer = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING
+            release.set()
+            for call in calls:
+                assert call.exception(timeout=30).code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        release.set()
+        server.stop(0)
+
+
 def test_workers_metrics_are_summed_and_logs_are_json(tmp_path):
     """Two worker processes behind one port; /metrics on the supervisor's port counts every call
     of both (multiprocess mode); every log line is a JSON object, call lines with request ids."""
