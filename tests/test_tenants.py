@@ -204,6 +204,35 @@ def test_a_tenant_never_runs_on_another_tenants_compiled_plans():
     assert cg_a is not cg_b and cg_a.id == cg_b.id
 
 
+def test_a_tenant_never_gets_another_tenants_custom_op_built(monkeypatch):
+    """The same custom-op definition registered by two tenants is built (parsed, differentiated,
+    compiled) for each: a process-wide cache made the second tenant's registration ~10x faster
+    (6 ms against 60 ms), telling it that someone else had registered that exact expression."""
+    import contextvars
+
+    from semigrad_server.engine import Engine, tenancy
+    from semigrad_server.service.convert import graph_from_proto
+    from semigrad_server.symbolic import custom
+
+    built = []
+    real_build = custom._build
+    monkeypatch.setattr(custom, "_build", lambda d: built.append((tenancy.current(), d.name)) or real_build(d))
+    graph = sg.Graph()
+    x = graph.input("x", (2,))
+    op = graph.op("secret_op", ["a"], "exp(sin(a * 0.718281)) / (1 + a**2)")
+    graph.output("y", sg.sum(op(x)))
+    proto = graph.to_proto()
+    engine = Engine()
+
+    def register(tenant):
+        tenancy.enter(tenant)
+        return engine.register(graph_from_proto(proto))[0]
+
+    for tenant in ("a", "b", "a"):
+        contextvars.copy_context().run(register, tenant)
+    assert built == [("a", "secret_op"), ("b", "secret_op")]
+
+
 def test_tokens_file_and_bad_entries(tmp_path):
     path = tmp_path / "tokens"
     path.write_text(f"# tenants\na {TOKEN_A}\nb {TOKEN_B}  # rotation: two tokens for b\nb {TOKEN_B}-new\n")
