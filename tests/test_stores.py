@@ -161,6 +161,32 @@ def test_unreachable_redis_is_unavailable(tmp_path):
         store.get("a", "g")
 
 
+def test_a_redis_that_turned_replica_is_unavailable_not_internal(tmp_path):
+    """A Redis that cannot take writes for now (a replica: READONLY, the primary it was failed over
+    from) is UNAVAILABLE, which clients retry, not INTERNAL with a traceback: redis-py's
+    ReadOnlyError is a ResponseError, which the store let through as a server bug. Reads go on, and
+    writes once it is a primary again."""
+    import redis
+    from redis_server import free_port
+    from semigrad_server.errors import Unavailable
+
+    with running_redis(tmp_path / "r") as server:
+        store = open_store(server.url)
+        assert store.put("a", "g1", b"one", UNBOUNDED)
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary that does not answer
+        try:
+            with pytest.raises(Unavailable, match="graph store .* cannot take the command now"):
+                store.put("a", "g2", b"two", UNBOUNDED)
+            with pytest.raises(Unavailable, match="read only replica"):
+                store.delete("a", "g1")
+            assert store.get("a", "g1") == b"one"
+        finally:
+            admin.execute_command("REPLICAOF", "NO", "ONE")
+        assert store.put("a", "g2", b"two", UNBOUNDED) and store.delete("a", "g1")
+        store.close()
+
+
 def test_unknown_store_scheme_is_refused():
     from semigrad_server.errors import InvalidArgument
 
