@@ -252,6 +252,24 @@ def test_a_full_redis_is_resource_exhausted(tmp_path):
         store.close()
 
 
+def test_a_full_sqlite_file_is_resource_exhausted(tmp_path):
+    """A SQLite store on a full disk refuses registrations RESOURCE_EXHAUSTED naming the store, as a
+    full Redis does; it answered INTERNAL 'OperationalError: database or disk is full' (a server
+    bug, by the status) with a traceback in the log. Reads go on. (SQLite's max_page_count stands
+    in for the disk here: the same SQLITE_FULL; a 256 KiB tmpfs gave it after 15 registrations.)"""
+    from semigrad_server.store import SqliteGraphStore
+
+    store = SqliteGraphStore(tmp_path / "g.sqlite")
+    store.put("a", "small", b"x", UNBOUNDED)
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(ResourceExhausted, match="graph store .* is full"):
+        store.put("a", "big", b"y" * 100_000, UNBOUNDED)
+    assert store.get("a", "small") == b"x" and not store.contains("a", "big")
+    assert store.usage("a").graphs == 1
+    store.close()
+
+
 def test_the_server_warns_about_a_redis_that_may_lose_graphs(tmp_path, caplog):
     import logging
 
