@@ -63,3 +63,21 @@ def test_authentication_asked_for_but_given_nothing_exits_2(tmp_path, given):
         cert, key = write(tmp_path, "server", issue(ca, "localhost", server=True))
         code, err, _ = _serve(*store, "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", "")
         assert code == 2 and "--tls-client-ca names no file" in err, err
+
+
+def test_several_workers_on_a_port_another_server_listens_on_exit_2(tmp_path):
+    """The workers bind with SO_REUSEPORT, which the kernel grants beside any listener of the same
+    user that set it too: a second `semigrad serve --workers 2` on a port another one served started
+    silently and took a share of its connections (its own tokens or none). Now it stops at once."""
+    import socket
+
+    from test_serve import free_port
+
+    port = free_port()
+    with socket.socket() as other:  # another server's worker
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        code, err, seconds = _serve("--workers", "2", "--store", str(tmp_path / "g.sqlite"), "--port", str(port))
+    assert code == 2 and f"127.0.0.1:{port} is in use" in err, err
+    assert seconds < 30, seconds
