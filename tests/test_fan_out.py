@@ -46,6 +46,46 @@ def test_a_job_fans_out_over_streams_and_servers(tmp_path, streams):
             server.stop(0)
 
 
+def test_streams_past_the_tenants_call_quota_leave_their_chunks_to_the_admitted_ones():
+    """gradient_many(streams=4) for a tenant whose max_tenant_requests is 2: the two streams
+    refused at once (RESOURCE_EXHAUSTED) used to fail the whole job although two were admitted
+    (docs/deploying.md suggests streams = 2 x replicas, and a per-replica quota beside it); their
+    chunks now go on another stream once the admitted ones are done."""
+    import threading
+
+    from semigrad_server.limits import Limits
+    from semigrad_server.service.auth import load_tokens
+
+    token = "fan-out-tenant-token-0123456789"
+    limits = Limits(max_tenant_requests=2)
+    arrived, both = [], threading.Event()  # the first two chunks hold their streams' slots until both run
+
+    class Holding(Engine):
+        def run_gradient(self, spec, deadline=None, hook_run=None, **kw):
+            if len(arrived) < 2:
+                arrived.append(1)
+                if len(arrived) >= 2:
+                    both.set()
+                both.wait(10)
+            return super().run_gradient(spec, deadline, hook_run, **kw)
+
+    server, port, _ = build_server("127.0.0.1:0", limits=limits, engine=Holding(limits),
+                                   tokens=load_tokens(environ={"SEMIGRAD_TOKENS": f"t={token}"}))
+    server.start()
+    try:
+        g = sg.Graph()
+        x = g.input("x", (2,))
+        g.output("y", sg.sum(sg.sin(x) * x[0]))
+        points = np.random.default_rng(1).normal(size=(4_000, 2))
+        with sg.Client(f"127.0.0.1:{port}", token=token, shared_memory=False, timeout=30) as client:
+            gradient = client.register(g).gradient_many({"x": points}, chunk_size=500, streams=4)["x"]
+        x0, x1 = points[:, 0], points[:, 1]
+        expected = np.stack([np.cos(x0) * x0 + np.sin(x0) + np.sin(x1), np.cos(x1) * x0], axis=1)
+        np.testing.assert_allclose(gradient, expected, rtol=1e-12, atol=1e-12)
+    finally:
+        server.stop(0)
+
+
 def test_streams_must_be_positive(client):
     g = sg.Graph()
     g.output("y", sg.sum(g.input("x", (2,))))

@@ -52,3 +52,15 @@ def test_deploy_files_that_expose_metrics_bind_them_explicitly():
         if "--metrics-port" in text:
             assert '"--metrics-host", "0.0.0.0"' in text, f"{path} serves metrics to other hosts without saying so"
     assert "--metrics-host" not in shlex.split("semigrad serve")  # (the CLI default is loopback: above)
+
+
+def test_the_compose_file_publishes_haproxys_stats_on_loopback_only():
+    """HAProxy's stats page and metrics (port 8404: no authentication, every replica named with its
+    state) were published on every interface of the host by deploy/docker-compose.yml, where
+    docs/deploying.md speaks of localhost:8404."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "deploy/docker-compose.yml").read_text())
+    published = [str(p) for p in compose["services"]["haproxy"]["ports"]]
+    stats = [p for p in published if p.rsplit(":", 1)[-1] == "8404"]
+    assert stats == ["127.0.0.1:8404:8404"], published

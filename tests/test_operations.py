@@ -20,6 +20,8 @@ import pytest
 import semigrad as sg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
+from semigrad.v1 import semigrad_pb2 as pb
+from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 from semigrad_server.cpus import available_cpus, cgroup_quota
 from semigrad_server.service import build_server
 from semigrad_server.service.auth import load_tokens
@@ -66,6 +68,106 @@ def test_metrics_count_calls_by_rpc_status_and_tenant():
         # the first gradient compiles its plan; the rest take the remembered short path or hit the cache
         assert value("semigrad_engine_events_total", {"event": "plan_compile"}) >= 1
     finally:
+        server.stop(0)
+
+
+def test_a_stream_its_client_cancels_is_counted_cancelled_and_logged_with_its_request_id():
+    """A GradientStream whose client cancels it is CANCELLED in the metrics, as in the log line: it
+    was counted UNKNOWN (a server fault, to an alert) when the client cancelled while responses
+    were flowing, and OK when it cancelled an idle stream; and the log line of the first had no
+    request id or tenant (the stream's clean-up ran outside the call's context)."""
+    import logging
+    import queue
+
+    from semigrad_server import logs
+    from semigrad_server.engine import tenancy
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    server, port, _ = build_server("127.0.0.1:0", metrics=metrics,
+                                   tokens=load_tokens(environ={"SEMIGRAD_TOKENS": f"m={TOKEN}"}))
+    server.start()
+    seen = []
+
+    class Fields(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("rpc=GradientStream"):
+                seen.append((logs.REQUEST_ID.get(), tenancy.current()))
+
+    handler = Fields()
+    logger = logging.getLogger("semigrad.rpc")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    value = registry.get_sample_value
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    try:
+        with sg.Client(f"127.0.0.1:{port}", token=TOKEN) as client:
+            graph_id = client.register(square_graph()).id
+        x = pb.Tensor(dtype=pb.DTYPE_FLOAT64, shape=[20000, 3], data=np.ones((20000, 3)).tobytes())
+        chunks = [pb.GradientStreamRequest(chunk=i, request=pb.GradientRequest(graph_id=graph_id, inputs={"x": x}))
+                  for i in range(40)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GraphServiceStub(channel)
+            for _ in range(3):  # cancelled while answers flow
+                call = stub.GradientStream(iter(chunks), metadata=auth, timeout=30)
+                next(call)
+                call.cancel()
+            idle: queue.Queue = queue.Queue()
+            call = stub.GradientStream(iter(idle.get, None), metadata=auth, timeout=30)  # cancelled idle
+            time.sleep(0.5)
+            call.cancel()
+            deadline = time.monotonic() + 10
+            while value("semigrad_requests_in_flight", {"rpc": "GradientStream"}) != 0 or len(seen) < 4:
+                assert time.monotonic() < deadline, (value("semigrad_requests_in_flight", {"rpc": "GradientStream"}), seen)
+                time.sleep(0.05)
+        assert value("semigrad_requests_total", {"rpc": "GradientStream", "code": "CANCELLED"}) == 4
+        for code in ("OK", "UNKNOWN"):
+            assert value("semigrad_requests_total", {"rpc": "GradientStream", "code": code}) is None, code
+        assert value("semigrad_tenant_requests_total", {"tenant": "m", "code": "CANCELLED"}) == 4
+        assert len(seen) == 4 and all(request_id and tenant == "m" for request_id, tenant in seen), seen
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        server.stop(0)
+
+
+def test_health_checks_are_answered_while_every_request_thread_is_busy():
+    """A worker whose request threads are all taken (calls waiting for a numba compile, slow
+    gradients: any tenant can send enough) still answers health checks at once: they waited in
+    the same queue, so load balancers and Kubernetes' probes took a busy replica for a dead one."""
+    from semigrad_server.engine import Engine
+    from semigrad_server.limits import Limits
+
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    class Stuck(Engine):
+        def get(self, graph_id):
+            started.release()
+            release.wait(30)
+            return super().get(graph_id)
+
+    limits = Limits(max_streams=1)
+    server, port, _ = build_server("127.0.0.1:0", threads=2, limits=limits, engine=Stuck(limits))
+    server.start()
+    calls = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GraphServiceStub(channel)
+            for _ in range(2 + 1 + 2):  # every thread of the pool (threads + max_streams), and more queued
+                calls.append(stub.GetGraph.future(pb.GetGraphRequest(graph_id="g0"), timeout=30))
+            for _ in range(3):
+                assert started.acquire(timeout=10)
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(3):
+                answer = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING
+            release.set()
+            for call in calls:
+                assert call.exception(timeout=30).code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        release.set()
         server.stop(0)
 
 

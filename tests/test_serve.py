@@ -222,16 +222,19 @@ def test_a_killed_worker_is_replaced_and_the_service_keeps_answering(tmp_path):
 
 
 def test_the_supervisor_gives_up_when_no_worker_can_stay_up(tmp_path):
-    """Workers that cannot bind their port (held by a socket that does not share it) die before they
-    serve: after a few tries the supervisor exits non-zero. (A store it cannot open is refused before
-    any worker starts: tests/test_serve_refuses_bad_config.py.)"""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port), "--workers", "2", "--store", str(tmp_path / "graphs.sqlite")],
-                                capture_output=True, text=True, timeout=180)
+    """Workers that die before they serve (here every spawned worker exits at start-up, by a
+    sitecustomize) are replaced a few times, then the supervisor exits non-zero. (A port another
+    server holds, or a store it cannot open, is refused before any worker starts:
+    tests/test_serve_refuses_bad_config.py.)"""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os, sys\n"
+                                           "if sys.argv[-1:] == ['--multiprocessing-fork']:  # a spawned worker\n"
+                                           "    os._exit(3)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    result = subprocess.run([sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port",
+                             str(free_port()), "--workers", "2", "--store", str(tmp_path / "graphs.sqlite")],
+                            capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 1, result.stderr
     assert "gave up" in result.stderr and result.stderr.count("before it could serve; replacing it") >= 5, \
         result.stderr

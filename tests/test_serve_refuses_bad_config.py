@@ -42,3 +42,42 @@ def test_client_ca_that_is_not_a_certificate_exits_2(tmp_path):
     code, err, _ = _serve("--workers", "2", "--store", str(tmp_path / "g.sqlite"),
                           "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", key)
     assert code == 2 and "--tls-client-ca" in err, err
+
+
+@pytest.mark.parametrize("given", ["empty-file", "empty-path", "empty-client-ca"])
+def test_authentication_asked_for_but_given_nothing_exits_2(tmp_path, given):
+    """A token file with no token (or an empty --tokens or --tls-client-ca path) is a configuration
+    error: it used to start a server with authentication (or client certificates) off, every caller
+    the anonymous tenant, and on loopback not even a warning."""
+    store = ("--store", "memory", "--workers", "1")
+    if given == "empty-file":
+        tokens = tmp_path / "tokens"
+        tokens.write_text("# one 'TENANT TOKEN' a line, filled in by the deploy\n")
+        code, err, _ = _serve(*store, "--tokens", str(tokens))
+        assert code == 2 and "holds no 'TENANT TOKEN' line" in err, err
+    elif given == "empty-path":
+        code, err, _ = _serve(*store, "--tokens", "")
+        assert code == 2 and "--tokens names no file" in err, err
+    else:
+        ca = make_ca()
+        cert, key = write(tmp_path, "server", issue(ca, "localhost", server=True))
+        code, err, _ = _serve(*store, "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", "")
+        assert code == 2 and "--tls-client-ca names no file" in err, err
+
+
+def test_several_workers_on_a_port_another_server_listens_on_exit_2(tmp_path):
+    """The workers bind with SO_REUSEPORT, which the kernel grants beside any listener of the same
+    user that set it too: a second `semigrad serve --workers 2` on a port another one served started
+    silently and took a share of its connections (its own tokens or none). Now it stops at once."""
+    import socket
+
+    from test_serve import free_port
+
+    port = free_port()
+    with socket.socket() as other:  # another server's worker
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        code, err, seconds = _serve("--workers", "2", "--store", str(tmp_path / "g.sqlite"), "--port", str(port))
+    assert code == 2 and f"127.0.0.1:{port} is in use" in err, err
+    assert seconds < 30, seconds

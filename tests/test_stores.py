@@ -161,6 +161,32 @@ def test_unreachable_redis_is_unavailable(tmp_path):
         store.get("a", "g")
 
 
+def test_a_redis_that_turned_replica_is_unavailable_not_internal(tmp_path):
+    """A Redis that cannot take writes for now (a replica: READONLY, the primary it was failed over
+    from) is UNAVAILABLE, which clients retry, not INTERNAL with a traceback: redis-py's
+    ReadOnlyError is a ResponseError, which the store let through as a server bug. Reads go on, and
+    writes once it is a primary again."""
+    import redis
+    from redis_server import free_port
+    from semigrad_server.errors import Unavailable
+
+    with running_redis(tmp_path / "r") as server:
+        store = open_store(server.url)
+        assert store.put("a", "g1", b"one", UNBOUNDED)
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary that does not answer
+        try:
+            with pytest.raises(Unavailable, match="graph store .* cannot take the command now"):
+                store.put("a", "g2", b"two", UNBOUNDED)
+            with pytest.raises(Unavailable, match="read only replica"):
+                store.delete("a", "g1")
+            assert store.get("a", "g1") == b"one"
+        finally:
+            admin.execute_command("REPLICAOF", "NO", "ONE")
+        assert store.put("a", "g2", b"two", UNBOUNDED) and store.delete("a", "g1")
+        store.close()
+
+
 def test_unknown_store_scheme_is_refused():
     from semigrad_server.errors import InvalidArgument
 
@@ -186,7 +212,7 @@ def test_two_servers_on_one_redis_serve_each_others_graphs(redis_url):
         point = np.array([0.1, -1.2, 2.5])
         with sg.Client(f"127.0.0.1:{servers[0][1]}") as first, sg.Client(f"127.0.0.1:{servers[1][1]}") as second:
             graph_id = first.register(g).id
-            assert graph_id not in servers[1][2].compiled
+            assert ("", graph_id) not in servers[1][2].compiled  # (tenant, id)
             gradient = second.get_graph(graph_id).gradient({"x": point})["x"]
             np.testing.assert_allclose(gradient, np.cos(point) * point + np.sin(point), rtol=1e-12)
             assert second.delete_graph(graph_id) is True
@@ -224,6 +250,24 @@ def test_a_full_redis_is_resource_exhausted(tmp_path):
             store.put("a", "big", b"y" * 100_000, UNBOUNDED)
         assert store.get("a", "small") == b"x" and not store.contains("a", "big")
         store.close()
+
+
+def test_a_full_sqlite_file_is_resource_exhausted(tmp_path):
+    """A SQLite store on a full disk refuses registrations RESOURCE_EXHAUSTED naming the store, as a
+    full Redis does; it answered INTERNAL 'OperationalError: database or disk is full' (a server
+    bug, by the status) with a traceback in the log. Reads go on. (SQLite's max_page_count stands
+    in for the disk here: the same SQLITE_FULL; a 256 KiB tmpfs gave it after 15 registrations.)"""
+    from semigrad_server.store import SqliteGraphStore
+
+    store = SqliteGraphStore(tmp_path / "g.sqlite")
+    store.put("a", "small", b"x", UNBOUNDED)
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(ResourceExhausted, match="graph store .* is full"):
+        store.put("a", "big", b"y" * 100_000, UNBOUNDED)
+    assert store.get("a", "small") == b"x" and not store.contains("a", "big")
+    assert store.usage("a").graphs == 1
+    store.close()
 
 
 def test_the_server_warns_about_a_redis_that_may_lose_graphs(tmp_path, caplog):

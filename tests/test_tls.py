@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 import pytest
 import semigrad as sg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from semigrad_server.service import build_server
 from semigrad_server.service.auth import load_tokens
 from semigrad_server.service.tls import TlsFiles, tls_files
@@ -97,6 +98,12 @@ def test_tls_options_must_make_sense(pki, tmp_path):
         tls_files(None, None, pki["ca"])
     with pytest.raises(ValueError, match="no file"):
         tls_files(str(tmp_path / "missing.crt"), pki["server"][1], None)
+    # an empty path is an error, not an option left out: --tls-client-ca "$CA" with $CA unset served
+    # TLS without client certificates, and empty --tls-cert/--tls-key served plaintext, in silence
+    cert, key = pki["server"]
+    for given in [("", "", None), (cert, key, ""), (cert, key, " "), ("", key, pki["ca"])]:
+        with pytest.raises(ValueError, match="names no file"):
+            tls_files(*given)
     with pytest.raises(ValueError, match="both a private key and a certificate chain"):
         sg.Client("localhost:1", private_key=pki["client"][1])
 
@@ -148,3 +155,44 @@ def test_semigrad_serve_refuses_a_bad_token_file(tmp_path):
     tokens.write_text("only-one-field\n")
     result = run_cli("serve", "--port", str(free_port()), "--store", "memory", "--workers", "1", "--tokens", str(tokens))
     assert result.returncode == 2 and "expected 'TENANT TOKEN'" in result.stderr, result.stderr
+
+
+def test_failed_handshakes_write_no_lines_outside_the_json_logs(pki, tmp_path):
+    """`semigrad serve --log-format json` writes JSON lines only: gRPC core logged every failed TLS
+    handshake (any peer: a plaintext probe, a wrong CA) as a glog line 'I1127 ... Handshake failed'
+    on stderr, at a rate any client could set."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from test_serve import free_port, stop
+
+    port = free_port()
+    cert, key = pki["server"]
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "semigrad_server", "serve", "--port", str(port), "--workers", "1", "--store", "memory",
+         "--tls-cert", cert, "--tls-key", key, "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        with sg.Client(f"localhost:{port}", root_certificates=pki["ca"], timeout=5) as client:
+            while True:
+                assert process.poll() is None, process.communicate()
+                try:
+                    client.list_ops()
+                    break
+                except sg.SemigradError:
+                    assert time.monotonic() < deadline, "not serving within 60 s"
+                    time.sleep(0.2)
+        for _ in range(3):  # plaintext to a TLS port: a failed handshake each
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.enable_retries", 0)]) as channel:
+                with pytest.raises(grpc.RpcError):
+                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+    finally:
+        log = stop(process)
+    lines = [line for line in log.splitlines() if line.strip()]
+    assert lines and all(json.loads(line) for line in lines if line.startswith("{")), log
+    assert [line for line in lines if not line.startswith("{")] == [], log

@@ -213,7 +213,14 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
             for thread in threads:
                 thread.join()
             if errors:
-                raise errors[0]
+                # Streams the server refused at once while others were admitted (the tenant's
+                # max_tenant_requests, a worker's max_streams: RESOURCE_EXHAUSTED at the start of
+                # the call) leave their chunks to one more stream, once the admitted ones are done.
+                if len(errors) == len(groups) or not all(isinstance(e, ResourceExhausted) for e in errors):
+                    raise errors[0]
+                if not refused:  # (refused chunks, and those left with them, go again below)
+                    done = assembly.chunks | {chunk for chunk, _, _ in failures}
+                    run_resuming([k for k in range(len(starts)) if k not in done], False)
         if refused:  # (before the results' region goes back to the pool: the assembly may not hold it yet)
             allowed = min(refused.values())
             graph.chunk_limits[batch.limit_key(options)] = allowed

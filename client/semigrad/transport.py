@@ -85,6 +85,19 @@ def tls_credentials(root_certificates: bytes | str | None = None, private_key: b
     return grpc.ssl_channel_credentials(_pem(root_certificates), _pem(private_key), _pem(certificate_chain))
 
 
+def bearer_token(token: str | None) -> str | None:
+    """`token` without surrounding whitespace (read from a file, it often ends with a newline, which
+    gRPC refuses in a header: every call failed INTERNAL "Invalid metadata", as if the server had a
+    bug); ValueError for one no header can carry (not printable ASCII)."""
+    if token is None:
+        return None
+    token = token.strip()
+    if not (token.isascii() and token.isprintable()):
+        raise ValueError("the token must be printable ASCII characters (a bearer token as the server's token file "
+                         "holds it)")
+    return token or None
+
+
 class Transport:
     """A channel to `target` and the shared-memory policy of its calls (the options, and their
     defaults, are :class:`semigrad.Client`'s, which documents them)."""
@@ -128,6 +141,7 @@ class Transport:
         self._tensor_calls: dict[str, Callable] = {}  # method -> its multi-callable through wire.py
         self.timeout = timeout
         # Sent with every call: the bearer token that says which tenant calls (see Client).
+        token = bearer_token(token)
         self.metadata = ((AUTHORIZATION, f"Bearer {token}"),) if token else None
 
     def call(self, method: str, request, callable_=None):

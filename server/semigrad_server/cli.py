@@ -160,6 +160,11 @@ def add_viz_command(commands) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        # gRPC core logs through absl at INFO unless told otherwise (since grpcio 1.65; its documented
+        # default is ERROR): every failed TLS handshake of any peer, a plaintext probe say, wrote a
+        # glog-style line to stderr, between the JSON lines of --log-format json and at a rate any
+        # client can set. Set before gRPC loads (the workers inherit it); an operator's setting wins.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
         from . import logs
         from .service.auth import load_tokens
         from .service.server import Serving, SupervisorGaveUp, serve

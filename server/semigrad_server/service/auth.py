@@ -1,8 +1,9 @@
 """Bearer-token authentication: who is calling (which tenant), from the `authorization` metadata.
 
 Tokens come from a file (`semigrad serve --tokens FILE`, env SEMIGRAD_TOKENS_FILE: one
-`TENANT TOKEN` pair a line, `#` comments) and/or the environment (SEMIGRAD_TOKENS: `TENANT=TOKEN`
-pairs separated by commas or whitespace). Several tokens may map to one tenant (rotation). With
+`TENANT TOKEN` pair a line, `#` comments at the start of a line or after a space, so a token may
+hold '#') and/or the environment (SEMIGRAD_TOKENS: `TENANT=TOKEN` pairs separated by commas or
+whitespace). A source that is given must hold a token (load_tokens). Several tokens may map to one tenant (rotation). With
 no tokens at all, authentication is off and every caller is the anonymous tenant: the
 zero-configuration default on loopback. Only SHA-256 digests of the tokens are kept, and a
 presented token is looked up by its digest, so lookup time says nothing about the tokens."""
@@ -71,26 +72,43 @@ class Tokens:
         return tenant
 
 
+COMMENT = re.compile(r"(?:^|\s)#")  # a comment starts a line or follows a space: a token may hold '#'
+
+
 def load_tokens(path: str | os.PathLike | None = None, environ=None) -> Tokens:
     """The tokens of `path` (default: $SEMIGRAD_TOKENS_FILE) and of $SEMIGRAD_TOKENS. Raises
-    ValueError naming the file and line of a bad entry."""
+    ValueError naming the file and line of a bad entry, and when a source that was given holds no
+    token at all (an empty path, an empty or all-comment file, a $SEMIGRAD_TOKENS of blanks): the
+    operator asked for authentication, and serving without it (every caller one anonymous tenant)
+    would be the opposite. With no source given, authentication is off."""
     environ = os.environ if environ is None else environ
     tokens = Tokens()
-    path = path or environ.get(ENV_TOKENS_FILE)
-    if path:
+    where = "--tokens"
+    if path is None and ENV_TOKENS_FILE in environ:
+        path, where = environ[ENV_TOKENS_FILE], f"${ENV_TOKENS_FILE}"
+    if path is not None:
+        if not str(path).strip():
+            raise ValueError(f"{where} names no file (an empty path): give the token file, or leave it out "
+                             "to serve without authentication")
         for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
+            line = COMMENT.split(line, 1)[0].strip()
             if not line:
                 continue
             parts = line.split()
             if len(parts) != 2:
                 raise ValueError(f"{path}:{number}: expected 'TENANT TOKEN'")
             tokens.add(parts[0], parts[1], f"{path}:{number}")
-    for item in re.split(r"[,\s]+", environ.get(ENV_TOKENS, "").strip()):
-        if not item:
-            continue
-        tenant, sep, token = item.partition("=")
-        if not sep:
-            raise ValueError(f"${ENV_TOKENS}: expected TENANT=TOKEN pairs")
-        tokens.add(tenant, token, f"${ENV_TOKENS}")
+        if not tokens.enabled:
+            raise ValueError(f"{path} ({where}) holds no 'TENANT TOKEN' line: with no token authentication would "
+                             "be off; give the tokens, or leave the option out to serve without authentication")
+    if ENV_TOKENS in environ:
+        items = [item for item in re.split(r"[,\s]+", environ[ENV_TOKENS].strip()) if item]
+        if not items:
+            raise ValueError(f"${ENV_TOKENS} is set but holds no TENANT=TOKEN pair: with no token authentication "
+                             "would be off; give the pairs, or unset it to serve without authentication")
+        for item in items:
+            tenant, sep, token = item.partition("=")
+            if not sep:
+                raise ValueError(f"${ENV_TOKENS}: expected TENANT=TOKEN pairs")
+            tokens.add(tenant, token, f"${ENV_TOKENS}")
     return tokens

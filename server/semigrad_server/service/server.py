@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import logging
 import multiprocessing
 import os
 import signal
+import socket
 import sqlite3
 import threading
 import time
@@ -67,7 +69,7 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
                ("grpc.max_send_message_length", limits.max_message_bytes),
                ("grpc.so_reuseport", int(reuse_port))]
     # Streaming calls (at most limits.max_streams at once, streams.py) get threads of their own, so
-    # that `threads` are always left for unary calls and health checks.
+    # that `threads` are always left for unary calls (health checks have threads of their own: HEALTH_THREADS).
     interceptor = CallInterceptor(tokens or Tokens(), limits.max_tenant_requests, metrics, slots_directory)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads + limits.max_streams,
                                                     thread_name_prefix="semigrad"),
@@ -75,7 +77,7 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
     # The generated add_GraphServiceServicer_to_server, with request decoding that never raises (status.py).
     shared = SharedMemory(enabled=shared_memory, max_elements=limits.max_request_elements)
     status.add_service(GraphServicer(engine, shared), server, SERVICE, pb)
-    health_servicer = health.HealthServicer()
+    health_servicer = _health_servicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -87,6 +89,33 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
     if port == 0:
         raise OSError(f"cannot bind {address}")
     return server, port, engine
+
+
+# Health checks run on threads of their own: on the request threads they waited behind every call
+# in flight, so a worker whose threads were all busy (calls waiting for a numba compile, slow
+# gradients: any tenant can send them) failed its load balancer's checks and Kubernetes' probes,
+# and was taken out of rotation or restarted with every call on it. A check is a dictionary read.
+HEALTH_THREADS = 2
+_health_pool: futures.ThreadPoolExecutor | None = None
+_health_pool_lock = threading.Lock()
+
+
+def _health_servicer() -> health.HealthServicer:
+    """The standard health servicer, its Check served on HEALTH_THREADS threads of this process's
+    own (Watch answers from callbacks, on no thread)."""
+    global _health_pool
+    with _health_pool_lock:
+        if _health_pool is None:
+            _health_pool = futures.ThreadPoolExecutor(max_workers=HEALTH_THREADS, thread_name_prefix="semigrad-health")
+    servicer = health.HealthServicer()
+    check = servicer.Check
+
+    def Check(request, context):  # noqa: N802 - the gRPC method's name
+        return check(request, context)
+
+    Check.experimental_thread_pool = _health_pool  # grpcio runs a handler with this attribute on that pool
+    servicer.Check = Check
+    return servicer
 
 
 @dataclass(frozen=True)
@@ -127,6 +156,7 @@ def serve(host: str, port: int, *, workers: int = 1, config: Serving | None = No
                 raise ValueError("several workers need a shared store: give --store PATH or redis://...")
             if port == 0:
                 raise ValueError("several workers need a fixed --port")
+            _check_port_free(host, port)
             _supervise(host, port, workers=workers, config=config)
         else:
             limit_blas_threads()  # the workers of _supervise get theirs through the environment
@@ -143,6 +173,28 @@ def _check_store(spec: str | None) -> None:
         raise ValueError(str(e)) from None
     except sqlite3.Error as e:
         raise ValueError(f"--store {spec}: {e}") from None
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """OSError unless `host:port` is free. The workers bind it with SO_REUSEPORT, which the kernel
+    grants beside any other process of this user that bound it so too: a second `semigrad serve
+    --workers N` on a port another one serves started without a word and took a share of its
+    connections (with other tokens, or none: 12 of 20 token-less clients were served beside a
+    server with tokens). A bind without SO_REUSEPORT fails beside any listener."""
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return  # gRPC reports a host it cannot resolve
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: a closed socket's TIME_WAIT is no user
+            try:
+                probe.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise OSError(f"{host}:{port} is in use (another server listens there): stop it first, or give "
+                                  f"another --port") from None
+                # anything else (an address family this host lacks...) is gRPC's to report, or to skip
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,6 +1,7 @@
 """Streaming calls cannot starve a worker: a bounded number run at once (per worker and per
 client connection, RESOURCE_EXHAUSTED past either), on threads of their own (server.py adds
-`max_streams` threads to the pool, so unary calls and health checks always find one), and a
+`max_streams` threads to the pool, so unary calls always find one; health checks have threads of
+their own, server.HEALTH_THREADS), and a
 stream waiting for its client's next message ends at the call's deadline (the server's
 default when the client set none) instead of holding its thread for ever."""
 

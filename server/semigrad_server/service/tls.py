@@ -25,7 +25,12 @@ class TlsFiles:
 
 
 def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFiles | None:
-    """The TLS settings of the command line; ValueError when they do not make sense together."""
+    """The TLS settings of the command line; ValueError when they do not make sense together. An
+    option given an empty path (`--tls-client-ca "$CA"` with $CA unset) is refused, not read as
+    absent: that would serve without TLS, or without client certificates, in silence."""
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)):
+        if path is not None and not str(path).strip():
+            raise ValueError(f"{flag} names no file (an empty path)")
     if not cert and not key:
         if client_ca:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")

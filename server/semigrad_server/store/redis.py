@@ -61,6 +61,8 @@ return 1
 """
 
 
+TRANSIENT_REPLIES = ("READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")  # Redis errors that pass with a failover
+
 SOCKET_TIMEOUT = 10.0  # seconds a Redis command may take outside any call (at start-up); a call's deadline bounds it
 CONNECT_TIMEOUT = 5.0
 
@@ -159,6 +161,17 @@ class RedisGraphStore:
             raise Unavailable(f"the graph store (Redis at {self._where()}) timed out: {e}") from None
         except redis.exceptions.OutOfMemoryError as e:  # Redis at its maxmemory (with a noeviction policy)
             raise ResourceExhausted(f"the graph store (Redis at {self._where()}) is full: {e}") from None
+        except redis.ResponseError as e:
+            # A Redis that cannot take the command now: a replica (READONLY: the primary it was failed
+            # over from, or a URL naming a replica), a replica cut off from its primary (MASTERDOWN),
+            # a cluster mid-failover (TRYAGAIN, CLUSTERDOWN). The store is unusable for the moment,
+            # as if unreachable, not a bug of this server: UNAVAILABLE, which clients retry. Idle
+            # connections are dropped, so the next call connects afresh (the name may now lead
+            # to the new primary).
+            if not isinstance(e, redis.exceptions.ReadOnlyError) and not str(e).startswith(TRANSIENT_REPLIES):
+                raise
+            self._redis.connection_pool.disconnect(inuse_connections=False)
+            raise Unavailable(f"the graph store (Redis at {self._where()}) cannot take the command now: {e}") from None
 
     def put(self, tenant: str, key: str, data: bytes, quota: Quota) -> bool:
         result = self._call(self._put, keys=self._keys(tenant), args=[key, data, quota.capacity, quota.graphs,

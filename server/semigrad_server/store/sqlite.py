@@ -4,11 +4,17 @@ restarts. Each write is one transaction, committed (and so durable) before it re
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from pathlib import Path
 
+from ..errors import ResourceExhausted, Unavailable
 from .base import Quota, StoreUsage, check_quota
+
+# SQLite's result codes (the primary code: the low byte of an extended one).
+SQLITE_FULL = 13  # the disk (or the file system, or max_page_count) is full
+SQLITE_BUSY, SQLITE_LOCKED = 5, 6  # another connection held the lock past the busy timeout
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenant_graphs (
@@ -47,12 +53,30 @@ class SqliteGraphStore:
                 db.execute("BEGIN IMMEDIATE")  # takes the write lock now: the quota check and the write are one step
 
             def __exit__(self, kind, *_):
-                db.execute("COMMIT" if kind is None else "ROLLBACK")
+                if kind is None:
+                    db.execute("COMMIT")
+                elif db.in_transaction:  # SQLite rolls back by itself on some errors (SQLITE_FULL, SQLITE_IOERR)
+                    db.execute("ROLLBACK")
 
         return Transaction()
 
+    @contextlib.contextmanager
+    def _errors(self):
+        """SQLite's refusals as the service's statuses: a full disk is RESOURCE_EXHAUSTED (as a full
+        Redis is), a lock not given up within the busy timeout UNAVAILABLE; not INTERNAL, which a
+        client reads as a bug of the server."""
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+            if code == SQLITE_FULL:
+                raise ResourceExhausted(f"the graph store (SQLite at {self.path}) is full: {e}") from None
+            if code in (SQLITE_BUSY, SQLITE_LOCKED):
+                raise Unavailable(f"the graph store (SQLite at {self.path}) is busy: {e}") from None
+            raise
+
     def put(self, tenant: str, key: str, data: bytes, quota: Quota) -> bool:
-        with self._lock, self._transaction():
+        with self._errors(), self._lock, self._transaction():
             if self._db.execute("SELECT 1 FROM tenant_graphs WHERE tenant = ? AND id = ?", (tenant, key)).fetchone():
                 return False
             usage = self._usage(tenant)
@@ -64,21 +88,21 @@ class SqliteGraphStore:
             return True
 
     def get(self, tenant: str, key: str) -> bytes | None:
-        with self._lock:
+        with self._errors(), self._lock:
             row = self._db.execute("SELECT data FROM tenant_graphs WHERE tenant = ? AND id = ?", (tenant, key)).fetchone()
         return row[0] if row else None
 
     def contains(self, tenant: str, key: str) -> bool:
-        with self._lock:
+        with self._errors(), self._lock:
             return self._db.execute("SELECT 1 FROM tenant_graphs WHERE tenant = ? AND id = ?",
                                     (tenant, key)).fetchone() is not None
 
     def delete(self, tenant: str, key: str) -> bool:
-        with self._lock:
+        with self._errors(), self._lock:
             return self._db.execute("DELETE FROM tenant_graphs WHERE tenant = ? AND id = ?", (tenant, key)).rowcount == 1
 
     def usage(self, tenant: str) -> StoreUsage:
-        with self._lock:
+        with self._errors(), self._lock:
             return self._usage(tenant)
 
     def _usage(self, tenant: str) -> StoreUsage:
