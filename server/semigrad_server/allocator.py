@@ -6,9 +6,13 @@ raised that threshold, trims the heap top back to the kernel above twice the thr
 megabyte tensor a request decodes, computes or encodes is memory the kernel must zero and fault
 in page by page. On this project's 2-CPU VM a fault costs about 2.5 µs: encoding a 1.28 MB
 tensor took 1.6 ms instead of 0.18 ms, and a 10,000-point det4 gradient (1.28 MB each way)
-spent 4 of its 10 ms faulting pages. Here allocations up to MMAP_THRESHOLD come from the heap,
-and freed heap is kept up to TRIM_THRESHOLD; past that glibc trims as before, so a worker keeps
-at most about TRIM_THRESHOLD of freed memory resident (docs/limits.md)."""
+spent 4 of its 10 ms faulting pages. Here allocations up to MMAP_THRESHOLD (the default inline
+stream chunk, 2 MiB, and twice that) come from the heap, and each malloc arena keeps up to
+TRIM_THRESHOLD of freed memory; larger allocations are mapped afresh as before. glibc makes up to
+8 arenas per CPU (threads allocating at once get their own), so a worker keeps at most about
+arenas × TRIM_THRESHOLD of freed memory resident: 256 MiB on 2 CPUs (docs/limits.md). With
+64 MiB and 256 MiB here, 16 threads each freeing 120 MB left 1.3 GB resident (an attacker's
+measurement)."""
 
 from __future__ import annotations
 
@@ -18,8 +22,8 @@ import os
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 64 << 20
-TRIM_THRESHOLD = 256 << 20
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 16 << 20
 # glibc's own environment tunables: an operator who sets one keeps glibc's behaviour as set.
 ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
