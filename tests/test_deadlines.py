@@ -303,6 +303,30 @@ def test_an_idle_gradient_stream_without_a_deadline_ends_at_the_servers_default(
         assert_stopped_in_time(server_line(rpc_log, "GradientStream"))
 
 
+@pytest.mark.parametrize("rpc", ["GradientStream", "GradientWithHooks"])
+def test_a_stream_idle_past_the_servers_bound_ends_whatever_the_clients_deadline(impatient_server, rpc_log, rpc):
+    """A client's far deadline (an hour) does not hold a stream slot idle past the server's
+    max_request_seconds: each wait for the stream's next message is bounded by it (an attacker
+    held every stream slot of a worker this way)."""
+    with grpc.insecure_channel(impatient_server) as channel:
+        never = threading.Event()
+
+        def idle():
+            never.wait(30)
+            yield from ()
+
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            list(getattr(pb_grpc.GraphServiceStub(channel), rpc)(idle(), timeout=3600))
+        never.set()
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value.details()
+        assert "sent no message" in info.value.details()
+        assert time.monotonic() - started < DEFAULT_SECONDS + 5
+    line = server_line(rpc_log, rpc)  # its own deadline never came: the call ended by its idle bound
+    assert "status=DEADLINE_EXCEEDED" in line, line
+    assert float(re.search(r" ms=([0-9.]+)", line).group(1)) <= (DEFAULT_SECONDS + allowed_overrun()) * 1e3, line
+
+
 def test_an_idle_hook_stream_ends_at_the_servers_default(impatient_server, rpc_log):
     """Without `start`, and after `start` with a hook call never answered."""
     with grpc.insecure_channel(impatient_server) as channel:

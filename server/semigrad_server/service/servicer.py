@@ -79,6 +79,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         self.engine = engine
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemory()
         self.streams = StreamSlots(engine.limits)
+        # A stream waits at most this long for the client's next message, whatever its deadline.
+        self.idle_seconds = engine.limits.max_request_seconds
 
     def bound(self, context: grpc.ServicerContext, capped: bool = True) -> deadline.Bound:
         """The call's time bound: the client's deadline, or the server's default (and, `capped`,
@@ -147,7 +149,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         try:
             with self.streams.taken(context.peer(), "GradientWithHooks"):
                 yield from run_with_client_hooks(
-                    status.decoded_stream(pumped(request_iterator, bound, "GradientWithHooks")), context, bound,
+                    status.decoded_stream(pumped(request_iterator, bound, "GradientWithHooks", self.idle_seconds)),
+                    context, bound,
                     lambda request, channel: self._gradient(request, context, bound.deadline,
                                                             HookRun(client=channel)))
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
@@ -170,7 +173,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         bound = self.bound(context, capped=False)
         try:
             with self.streams.taken(context.peer(), "GradientStream"):
-                yield from self._chunks(status.decoded_stream(pumped(request_iterator, bound, "GradientStream")),
+                yield from self._chunks(status.decoded_stream(pumped(request_iterator, bound, "GradientStream",
+                                                                         self.idle_seconds)),
                                         bound, context, counts)
         except Exception as e:  # noqa: BLE001 - the stream itself failed (a message that does not decode)
             code, detail = status.status_of(e, "GradientStream")

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 from ..deadline import Bound
-from ..errors import Cancelled, ResourceExhausted
+from ..errors import Cancelled, DeadlineExceeded, ResourceExhausted
 from ..limits import Limits
 
 
@@ -55,9 +55,11 @@ class StreamSlots:
 _CALL_ENDED = object()  # the client's message stream failed: the call ended under it
 
 
-def pumped(messages: Iterable, bound: Bound, what: str) -> Iterator:
+def pumped(messages: Iterable, bound: Bound, what: str, idle: float | None = None) -> Iterator:
     """The client's messages, read on a thread of their own so that waiting for the next one
-    ends (DeadlineExceeded) when `bound` passes. The reader ends with the call."""
+    ends (DeadlineExceeded) when `bound` passes, or after `idle` seconds without a message (the
+    server's max_request_seconds: a client's own far deadline must not hold a stream slot idle
+    for longer). The reader ends with the call."""
     inbox: queue.SimpleQueue = queue.SimpleQueue()
 
     def read():
@@ -70,9 +72,13 @@ def pumped(messages: Iterable, bound: Bound, what: str) -> Iterator:
 
     threading.Thread(target=read, name="semigrad-stream-reader", daemon=True).start()
     while True:
+        remaining = max(0.0, bound.remaining())
         try:
-            more, item = inbox.get(timeout=max(0.0, bound.remaining()))
+            more, item = inbox.get(timeout=remaining if idle is None else min(remaining, idle))
         except queue.Empty:
+            if idle is not None and idle < remaining:
+                raise DeadlineExceeded(f"the client sent no message on {what} for {idle:g} s (max_request_seconds "
+                                       "bounds each wait for a stream's next message)") from None
             raise bound.error(f"waiting for the client's next message on {what}") from None
         if not more:
             if item is _CALL_ENDED:  # the client's fault or choice, not the server's: never INTERNAL
