@@ -80,7 +80,7 @@ def test_a_stream_its_client_cancels_is_counted_cancelled_and_logged_with_its_re
     import queue
 
     from semigrad_server import logs
-    from semigrad_server.engine import tenancy
+    from semigrad_server import tenancy
 
     registry = CollectorRegistry()
     metrics = Metrics(registry)

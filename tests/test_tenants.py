@@ -176,7 +176,8 @@ def test_a_tenant_never_runs_on_another_tenants_compiled_plans():
     import contextvars
 
     from semigrad_server import telemetry
-    from semigrad_server.engine import Engine, tenancy
+    from semigrad_server import tenancy
+    from semigrad_server.engine import Engine
 
     engine = Engine()
     graph = sg.Graph()
@@ -210,7 +211,8 @@ def test_a_tenant_never_gets_another_tenants_custom_op_built(monkeypatch):
     (6 ms against 60 ms), telling it that someone else had registered that exact expression."""
     import contextvars
 
-    from semigrad_server.engine import Engine, tenancy
+    from semigrad_server import tenancy
+    from semigrad_server.engine import Engine
     from semigrad_server.service.convert import graph_from_proto
     from semigrad_server.symbolic import custom
 

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 
-from .engine import tenancy
+from . import tenancy
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("semigrad_request_id", default="")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s %(message)s%(request)s"

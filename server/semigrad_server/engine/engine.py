@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .. import ir, telemetry
+from .. import ir, telemetry, tenancy
 from ..autodiff.best_path import MAX_TOP_PATHS, check_path_steps, longest_steps, trace_best_paths, trace_top_paths
 from ..deadline import interruptibly
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, quoted
@@ -29,7 +29,6 @@ from ..runtime.outputs import OutputKey
 from ..semiring.loader import SemiringRegistry, default_registry
 from ..semiring.pointers import KBestPointerSemiring, PointerSemiring
 from ..store import GraphStore, LruCache, MemoryGraphStore, Quota
-from . import tenancy
 from .execution import MemoryBudget, check_work, checked_backend, compile_kind, run_plan
 from .gradient_plans import GradientPlanKey, checked_seed, compile_gradient, hook_slots, slot_key
 from .graphs import Batch, CompiledGraph, check_node_count, compile_graph

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.tenancy import ANONYMOUS
+from ..tenancy import ANONYMOUS
 from ..errors import Unauthenticated
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

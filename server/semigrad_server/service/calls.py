@@ -13,7 +13,7 @@ import time
 import grpc
 
 from .. import logs
-from ..engine import tenancy
+from .. import tenancy
 from ..errors import Unauthenticated
 from .auth import Tokens
 from .slots import TenantSlots

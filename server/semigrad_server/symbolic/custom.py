@@ -18,6 +18,7 @@ from typing import Sequence
 
 import sympy as sp
 
+from .. import tenancy
 from ..errors import InvalidArgument
 from ..ir import OpDefinition
 from ..ops import REGISTRY, OpDef, Registry
@@ -138,6 +139,4 @@ def check_translatable(expr: sp.Expr, what: str) -> None:
 
 
 def _key(d: OpDefinition) -> tuple:
-    from ..engine import tenancy  # (here: the engine package imports this module)
-
     return tenancy.current(), d.name, tuple(d.operands), d.expression, tuple(sorted(d.derivatives)), d.doc
