@@ -171,6 +171,44 @@ def test_health_checks_are_answered_while_every_request_thread_is_busy():
         server.stop(0)
 
 
+def test_open_health_watch_streams_are_bounded(monkeypatch):
+    """Health needs no token, and an open Watch holds memory until its client goes: past
+    MAX_HEALTH_WATCHES open ones a Watch is RESOURCE_EXHAUSTED; one closed makes room; Check is
+    never refused."""
+    from semigrad_server.service import server as server_module
+
+    monkeypatch.setattr(server_module, "MAX_HEALTH_WATCHES", 3)
+    server, port, _ = build_server("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service="")
+            watches = [health.Watch(request, timeout=30) for _ in range(3)]
+            for w in watches:  # each is open: its first answer came
+                assert next(w).status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as info:
+                next(health.Watch(request, timeout=30))
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "MAX_HEALTH_WATCHES" in info.value.details()
+            assert health.Check(request, timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+            watches.pop().cancel()
+            deadline = time.monotonic() + 10
+            while True:  # the server sees the cancellation a moment later
+                try:
+                    again = health.Watch(request, timeout=30)
+                    assert next(again).status == health_pb2.HealthCheckResponse.SERVING
+                    again.cancel()
+                    break
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                    time.sleep(0.05)
+            for w in watches:
+                w.cancel()
+    finally:
+        server.stop(0)
+
+
 def test_workers_metrics_are_summed_and_logs_are_json(tmp_path):
     """Two worker processes behind one port; /metrics on the supervisor's port counts every call
     of both (multiprocess mode); every log line is a JSON object, call lines with request ids."""

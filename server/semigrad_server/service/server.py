@@ -100,21 +100,49 @@ _health_pool: futures.ThreadPoolExecutor | None = None
 _health_pool_lock = threading.Lock()
 
 
+# Open health Watch streams per server: health needs no token, and each open Watch holds ~21 KB
+# until its client goes (5,000 on one connection grew a worker by 106 MB: an attacker's count).
+# Load balancers and Kubernetes' probes use Check; a few monitors may Watch.
+MAX_HEALTH_WATCHES = 64
+
+
 def _health_servicer() -> health.HealthServicer:
     """The standard health servicer, its Check served on HEALTH_THREADS threads of this process's
-    own (Watch answers from callbacks, on no thread)."""
+    own (Watch answers from callbacks, on no thread), at most MAX_HEALTH_WATCHES Watch streams
+    open at once (RESOURCE_EXHAUSTED past them)."""
     global _health_pool
     with _health_pool_lock:
         if _health_pool is None:
             _health_pool = futures.ThreadPoolExecutor(max_workers=HEALTH_THREADS, thread_name_prefix="semigrad-health")
     servicer = health.HealthServicer()
-    check = servicer.Check
+    check, watch = servicer.Check, servicer.Watch
+    watching = [0]
+    watching_lock = threading.Lock()
 
     def Check(request, context):  # noqa: N802 - the gRPC method's name
         return check(request, context)
 
+    def Watch(request, context, send_response_callback=None):  # noqa: N802
+        with watching_lock:
+            full = watching[0] >= MAX_HEALTH_WATCHES
+            if not full:
+                watching[0] += 1
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{MAX_HEALTH_WATCHES} health Watch streams are open on this server (MAX_HEALTH_WATCHES); "
+                          "use Check, or close one")
+
+        def closed():
+            with watching_lock:
+                watching[0] -= 1
+
+        context.add_callback(closed)
+        return watch(request, context, send_response_callback)
+
     Check.experimental_thread_pool = _health_pool  # grpcio runs a handler with this attribute on that pool
-    servicer.Check = Check
+    Watch.experimental_non_blocking = watch.experimental_non_blocking  # answered from callbacks, as the original
+    Watch.experimental_thread_pool = watch.experimental_thread_pool
+    servicer.Check, servicer.Watch = Check, Watch
     return servicer
 
 
