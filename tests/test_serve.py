@@ -221,6 +221,25 @@ def test_a_killed_worker_is_replaced_and_the_service_keeps_answering(tmp_path):
     assert f"(pid {victim}) exited with signal SIGKILL" in log and "replacing it" in log, log
 
 
+def test_workers_stop_when_their_supervisor_is_killed(tmp_path):
+    """A supervisor killed with SIGKILL (no chance to stop its workers) left them serving as
+    orphans, holding the port: each worker now gets SIGTERM when its supervisor dies, and stops."""
+    with serving("--store", str(tmp_path / "graphs.sqlite"), "--workers", "2") as (address, process):
+        workers = wait_for(lambda: worker_pids(process.pid) if len(worker_pids(process.pid)) == 2 else None,
+                           "2 workers")
+        os.kill(process.pid, signal.SIGKILL)
+
+        def gone():
+            alive = set()
+            for pid in workers:
+                with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie has stopped
+                        alive.add(pid)
+            return not alive
+
+        wait_for(gone, "workers stopped after their supervisor was killed", timeout=EXIT_TIMEOUT)
+
+
 def test_the_supervisor_gives_up_when_no_worker_can_stay_up(tmp_path):
     """Workers that die before they serve (here every spawned worker exits at start-up, by a
     sitecustomize) are replaced a few times, then the supervisor exits non-zero. (A port another
