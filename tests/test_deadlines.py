@@ -286,17 +286,18 @@ def test_a_call_without_a_deadline_gets_the_servers_default(impatient_server, rp
         assert_stopped_in_time(server_line(rpc_log, "Gradient"))
 
 
+def sends_nothing(never: threading.Event):
+    """A request stream that sends no message (until `never` is set, or 30 s)."""
+    never.wait(30)
+    yield from ()
+
+
 def test_an_idle_gradient_stream_without_a_deadline_ends_at_the_servers_default(impatient_server, rpc_log):
     with grpc.insecure_channel(impatient_server) as channel:
         never = threading.Event()
-
-        def idle():
-            never.wait(30)
-            yield from ()
-
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
-            list(pb_grpc.GraphServiceStub(channel).GradientStream(idle()))
+            list(pb_grpc.GraphServiceStub(channel).GradientStream(sends_nothing(never)))
         never.set()
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value.details()
         assert time.monotonic() - started < DEFAULT_SECONDS + 5
@@ -310,14 +311,9 @@ def test_a_stream_idle_past_the_servers_bound_ends_whatever_the_clients_deadline
     held every stream slot of a worker this way)."""
     with grpc.insecure_channel(impatient_server) as channel:
         never = threading.Event()
-
-        def idle():
-            never.wait(30)
-            yield from ()
-
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
-            list(getattr(pb_grpc.GraphServiceStub(channel), rpc)(idle(), timeout=3600))
+            list(getattr(pb_grpc.GraphServiceStub(channel), rpc)(sends_nothing(never), timeout=3600))
         never.set()
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value.details()
         assert "sent no message" in info.value.details()

@@ -54,6 +54,21 @@ def fails(client: sg.Client) -> None:
     assert info.value.code == grpc.StatusCode.UNAVAILABLE, info.value
 
 
+def wait_serving(client: sg.Client, process, seconds: float = 60) -> None:
+    """Until `semigrad serve` (`process`) answers `client`'s calls; fails if it exits first."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        assert process.poll() is None, process.communicate()
+        try:
+            client.list_ops()
+            return
+        except sg.SemigradError:
+            assert time.monotonic() < deadline, f"not serving within {seconds:g} s"
+            time.sleep(0.2)
+
+
 def test_tls(pki):
     server, address = start(TlsFiles(*pki["server"]))
     try:
@@ -112,7 +127,6 @@ def test_semigrad_serve_with_mutual_tls_and_tokens(pki, tmp_path):
     """The command line's --tls-cert/--tls-key/--tls-client-ca and --tokens reach the server."""
     import subprocess
     import sys
-    import time
 
     from test_serve import free_port, stop
 
@@ -127,16 +141,8 @@ def test_semigrad_serve_with_mutual_tls_and_tokens(pki, tmp_path):
     try:
         client_cert, client_key = pki["client"]
         options = dict(root_certificates=pki["ca"], certificate_chain=client_cert, private_key=client_key, timeout=10)
-        deadline = time.monotonic() + 60
         with sg.Client(f"localhost:{port}", token=TOKEN, **options) as client:
-            while True:
-                assert process.poll() is None, process.communicate()
-                try:
-                    client.list_ops()
-                    break
-                except sg.SemigradError:
-                    assert time.monotonic() < deadline, "not serving within 60 s"
-                    time.sleep(0.2)
+            wait_serving(client, process)
             works(client)
         with sg.Client(f"localhost:{port}", token="", **options) as client:
             with pytest.raises(sg.SemigradError) as info:
@@ -165,7 +171,6 @@ def test_failed_handshakes_write_no_lines_outside_the_json_logs(pki, tmp_path):
     import os
     import subprocess
     import sys
-    import time
 
     from test_serve import free_port, stop
 
@@ -177,16 +182,8 @@ def test_failed_handshakes_write_no_lines_outside_the_json_logs(pki, tmp_path):
          "--tls-cert", cert, "--tls-key", key, "--log-format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        deadline = time.monotonic() + 60
         with sg.Client(f"localhost:{port}", root_certificates=pki["ca"], timeout=5) as client:
-            while True:
-                assert process.poll() is None, process.communicate()
-                try:
-                    client.list_ops()
-                    break
-                except sg.SemigradError:
-                    assert time.monotonic() < deadline, "not serving within 60 s"
-                    time.sleep(0.2)
+            wait_serving(client, process)
         for _ in range(3):  # plaintext to a TLS port: a failed handshake each
             with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.enable_retries", 0)]) as channel:
                 with pytest.raises(grpc.RpcError):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from . import codec
-from .transport import Tensors, fill
+from .transport import Tensors, fill, message_at
 
 NEEDS_SERVER = ("semigrad.Client() without an address runs the engine in this process, which needs the "
                 "server package (semigrad_server: install the full 'semigrad' distribution, e.g. "
@@ -57,10 +57,7 @@ class LocalTransport:
 
     @staticmethod
     def outgoing(message, tensors: Tensors, path: tuple[str, ...] = ()):
-        target = message
-        for name in path:
-            target = getattr(target, name)
-        fill(target, tensors, None)
+        fill(message_at(message, path), tensors, None)
         return message
 
     # ---------------------------------------------------------------- the hot path: arrays, no messages

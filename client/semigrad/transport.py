@@ -175,9 +175,7 @@ class Transport:
         """`message` with `tensors` inline in the message at `path` (its maps emptied first), to
         send through :meth:`_tensor_callable`: written by wire.Outgoing from wire.THRESHOLD bytes
         of tensors, filled in by protobuf below."""
-        target = message
-        for name in path:
-            target = getattr(target, name)
+        target = message_at(message, path)
         for field in tensors:
             target.ClearField(field)
         if sum(getattr(a, "nbytes", 0) for arrays in tensors.values() for a in arrays.values()) < wire.THRESHOLD:
@@ -273,6 +271,13 @@ def _releaser(transport_ref: weakref.ref) -> Callable:
             transport._give_back(region)
 
     return release
+
+
+def message_at(message, path: tuple[str, ...]):
+    """The message reached from `message` through the fields named by `path`."""
+    for name in path:
+        message = getattr(message, name)
+    return message
 
 
 def fill(request, tensors: Tensors, placement: Placement | None) -> None:

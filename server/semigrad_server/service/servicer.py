@@ -79,8 +79,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         self.engine = engine
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemory()
         self.streams = StreamSlots(engine.limits)
-        # A stream waits at most this long for the client's next message, whatever its deadline.
-        self.idle_seconds = engine.limits.max_request_seconds
+
+    def idle_seconds(self) -> float:
+        """How long a stream waits for the client's next message, whatever its deadline."""
+        return self.engine.limits.max_request_seconds
 
     def bound(self, context: grpc.ServicerContext, capped: bool = True) -> deadline.Bound:
         """The call's time bound: the client's deadline, or the server's default (and, `capped`,
@@ -149,7 +151,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         try:
             with self.streams.taken(context.peer(), "GradientWithHooks"):
                 yield from run_with_client_hooks(
-                    status.decoded_stream(pumped(request_iterator, bound, "GradientWithHooks", self.idle_seconds)),
+                    status.decoded_stream(pumped(request_iterator, bound, "GradientWithHooks", self.idle_seconds())),
                     context, bound,
                     lambda request, channel: self._gradient(request, context, bound.deadline,
                                                             HookRun(client=channel)))
@@ -174,7 +176,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         try:
             with self.streams.taken(context.peer(), "GradientStream"):
                 yield from self._chunks(status.decoded_stream(pumped(request_iterator, bound, "GradientStream",
-                                                                         self.idle_seconds)),
+                                                                         self.idle_seconds())),
                                         bound, context, counts)
         except Exception as e:  # noqa: BLE001 - the stream itself failed (a message that does not decode)
             code, detail = status.status_of(e, "GradientStream")
