@@ -4,6 +4,8 @@ the closed form's."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import semigrad as sg
@@ -36,6 +38,10 @@ def test_a_job_fans_out_over_streams_and_servers(tmp_path, streams):
         x0, x1 = points[:, 0], points[:, 1]
         expected = np.stack([np.cos(x0) * x0 + np.sin(x0) + np.sin(x1), np.cos(x1) * x0], axis=1)
         np.testing.assert_allclose(gradient, expected, rtol=1e-12, atol=1e-12)
+        deadline = time.monotonic() + 10  # a stream is counted when gRPC has ended it (service/call_end.py)
+        while any(r.get_sample_value("semigrad_requests_in_flight", {"rpc": "GradientStream"}) for r in registries):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         calls = [r.get_sample_value("semigrad_requests_total", {"rpc": "GradientStream", "code": "OK"}) or 0
                  for r in registries]
         assert sum(calls) == streams

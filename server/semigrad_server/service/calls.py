@@ -16,12 +16,12 @@ from .. import logs
 from .. import tenancy
 from ..errors import Unauthenticated
 from .auth import Tokens
+from .call_end import ended_early, when_ended
 from .slots import TenantSlots
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 REQUEST_ID_HEADER = "x-request-id"
 CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a client's own id is kept when it looks like one
-DEADLINE_SKEW = 0.05  # seconds: a call that ended this close to its deadline ended by the deadline (servicer.py)
 
 
 class CallInterceptor(grpc.ServerInterceptor):
@@ -50,8 +50,9 @@ class CallInterceptor(grpc.ServerInterceptor):
             return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, str(e))
         given = next((v for k, v in metadata if k == REQUEST_ID_HEADER), "")
         request_id = given if isinstance(given, str) and CLIENT_REQUEST_ID.fullmatch(given) else _new_request_id()
+        client_streaming = bool(handler.stream_unary or handler.stream_stream)
         return _wrapped(handler, lambda context: self._enter(rpc, tenant, request_id, context),
-                        lambda call: self._leave(call))
+                        lambda call: self._leave(call, client_streaming))
 
     def _enter(self, rpc: str, tenant: str, request_id: str, context) -> _Call:
         """Admit a call (or abort it with RESOURCE_EXHAUSTED): its context, with tenant and request id set."""
@@ -73,14 +74,22 @@ class CallInterceptor(grpc.ServerInterceptor):
             self.metrics.call_started(rpc, tenant)
         return _Call(rpc, tenant, slot, scope, context, time.perf_counter())
 
-    def _leave(self, call: _Call) -> None:
+    def _leave(self, call: _Call, client_streaming: bool) -> None:
         self.slots.give(call.tenant, call.slot)
-        if self.metrics is not None:
-            code = call.context.code() if hasattr(call.context, "code") else None
-            name = _code_name(code, call.failed)
-            if code is None:  # no status set: a call that ended under its handler ends as its client saw it
-                name = _ended_early(call.context) or name
-            self.metrics.call_finished(call.rpc, call.tenant, name, time.perf_counter() - call.started)
+        if self.metrics is None:
+            return
+        code = call.context.code() if hasattr(call.context, "code") else None
+        name = _code_name(code, call.failed)
+
+        def finished(ending: str | None) -> None:
+            self.metrics.call_finished(call.rpc, call.tenant, ending or name, time.perf_counter() - call.started)
+
+        if code is not None or call.failed:
+            finished(None)
+        elif client_streaming:  # no status set: the call ends as its client saw it (call_end.py)
+            when_ended(call.context, finished)
+        else:
+            finished(ended_early(call.context))
 
 
 # Request ids: 16 random hex digits per process, then a counter (unique without a random draw per call).
@@ -99,16 +108,6 @@ def _set(tenant: str, request_id: str) -> None:
 
 def _who(tenant: str) -> str:
     return f"tenant '{tenant}'" if tenant else "the anonymous tenant"
-
-
-def _ended_early(context) -> str | None:
-    """CANCELLED or DEADLINE_EXCEEDED for a call that ended before its handler did (the client
-    cancelled or went away, or its deadline passed: gRPC stops taking a stream's responses then),
-    None for one still going."""
-    if not hasattr(context, "is_active") or context.is_active():
-        return None
-    remaining = context.time_remaining()
-    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= DEADLINE_SKEW else "CANCELLED"
 
 
 def _code_name(code, failed: bool) -> str:

@@ -20,12 +20,12 @@ from ..symbolic.crosscheck import crosscheck
 from ..symbolic.custom import custom_ops
 from ..symbolic.formulas import symbolic_gradient
 from . import convert, status
+from .call_end import DEADLINE_SKEW, when_ended
 from .client_hooks import run_with_client_hooks
 from .shared_memory import SharedMemory
 from .streams import StreamSlots, pumped
 
 log = logging.getLogger("semigrad.rpc")
-DEADLINE_SKEW = 0.05  # seconds: a call gRPC ends this close to its deadline ended by the deadline
 NO_DEADLINE = 1e8  # seconds: grpc reports a huge time remaining for a call without a deadline
 
 
@@ -60,6 +60,15 @@ def _overrun(bound: deadline.Bound) -> str:
     """" overrun_ms=…" when the call's work went on past its deadline or cancellation (by how long)."""
     late = bound.overrun()
     return "" if late is None else f" overrun_ms={late * 1e3:.1f}"
+
+
+def _stream_logged(context: grpc.ServicerContext, code: grpc.StatusCode, line) -> None:
+    """A streaming call's log line, `line(status name)`: a stream its handler ended OK is logged when
+    the call has ended, as its client saw it (call_end.when_ended: a cancelled idle stream is CANCELLED)."""
+    if code != grpc.StatusCode.OK:
+        line(code.name)
+    else:
+        when_ended(context, lambda ending: line(ending or code.name))
 
 
 def _graph_of(request) -> str:
@@ -158,8 +167,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             code, detail = status.status_of(e, "GradientWithHooks")
         finally:
-            log.info("rpc=GradientWithHooks status=%s ms=%.2f%s%s", code.name, (time.perf_counter() - start) * 1e3,
-                     _overrun(bound), f" detail={detail!r}" if detail else "")
+            ms, overrun = (time.perf_counter() - start) * 1e3, _overrun(bound)
+            _stream_logged(context, code, lambda status_name: log.info(
+                "rpc=GradientWithHooks status=%s ms=%.2f%s%s", status_name, ms, overrun,
+                f" detail={detail!r}" if detail else ""))
         if code != grpc.StatusCode.OK:
             context.abort(code, detail)
 
@@ -181,10 +192,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         except Exception as e:  # noqa: BLE001 - the stream itself failed (a message that does not decode)
             code, detail = status.status_of(e, "GradientStream")
         finally:
-            done, failed = counts
-            log.info("rpc=GradientStream chunks=%d failed=%d status=%s ms=%.2f%s%s", done, failed,
-                     code.name if code != grpc.StatusCode.OK or context.is_active() else "CANCELLED",
-                     (time.perf_counter() - start) * 1e3, _overrun(bound), f" detail={detail!r}" if detail else "")
+            (done, failed), ms, overrun = counts, (time.perf_counter() - start) * 1e3, _overrun(bound)
+            _stream_logged(context, code, lambda status_name: log.info(
+                "rpc=GradientStream chunks=%d failed=%d status=%s ms=%.2f%s%s", done, failed, status_name, ms,
+                overrun, f" detail={detail!r}" if detail else ""))
         if code != grpc.StatusCode.OK:
             context.abort(code, detail)
 
