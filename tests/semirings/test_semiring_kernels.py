@@ -134,23 +134,39 @@ def test_tropical_matmul_infinities_and_nan_as_numpy(implementation, add, mul, s
     np.testing.assert_array_equal(kernels.tropical_matmul(a, b, add, mul, zero=0.0), want)
 
 
-@pytest.mark.parametrize("special", [None, np.inf, -np.inf, np.nan])
+# Values placed in a and in b (both also hold zeros), and whether a NaN product is possible for
+# each ⊗: 0 · ±∞ for ×, ∞ − ∞ for +, a NaN operand for every ⊗.
+NAN_CASES = [  # (in a, in b, ⊗ that can make a NaN)
+    (None, None, ()),
+    (None, np.inf, ("mul",)),
+    (None, -np.inf, ("mul",)),
+    (-np.inf, -np.inf, ("mul",)),
+    (np.inf, -np.inf, ("mul", "add")),
+    (-np.inf, np.inf, ("mul", "add")),
+    (None, np.nan, ("mul", "add", "max", "min")),
+]
+
+
+@pytest.mark.parametrize("in_a,in_b,nan_from", NAN_CASES, ids=[f"{a}-{b}" for a, b, _ in NAN_CASES])
 @pytest.mark.parametrize("add,mul", list(itertools.product(kernels.ADDS, kernels.MULS)))
-def test_numba_compares_plainly_only_when_no_operand_is_nan_or_infinite(implementation, add, mul, special):
-    """The numba kernels skip their NaN-propagating comparisons for finite operands (no ⊗ can
-    make a NaN then): one value of NaN or ±inf, anywhere, takes the propagating ones. Both give
-    brute force's result."""
+def test_numba_compares_plainly_only_when_no_product_can_be_nan(implementation, add, mul, in_a, in_b, nan_from):
+    """The numba kernels skip their NaN-propagating comparisons when no product can be NaN (then
+    no ⊕ of products can be): finite operands, and infinities where ⊗ cannot meet their NaN
+    partner (a log-space semiring's -∞ under +). Both kernels give brute force's result."""
     if implementation != "numba":
         pytest.skip("the numba kernels' choice")
     rng = np.random.default_rng(7)
     a, b = random_values(rng, (5, 9)), random_values(rng, (9, 6))
-    if special is not None:
-        b[4, 2] = special
+    assert (a == 0).any() and (b == 0).any()
+    if in_a is not None:
+        a[1, 3] = in_a
+    if in_b is not None:
+        b[4, 2] = in_b
     key = "tropical_matmul operands (numba)"
-    before = counted(key, "finite"), counted(key, "with NaN or ±inf")
+    before = counted(key, "no NaN possible"), counted(key, "NaN possible")
     got = kernels.tropical_matmul(a, b, add, mul, zero=0.0)
-    after = counted(key, "finite"), counted(key, "with NaN or ±inf")
-    assert (after[0] - before[0], after[1] - before[1]) == ((1, 0) if special is None else (0, 1))
+    after = counted(key, "no NaN possible"), counted(key, "NaN possible")
+    assert (after[0] - before[0], after[1] - before[1]) == ((0, 1) if mul in nan_from else (1, 0))
     np.testing.assert_array_equal(got, brute_tropical(a, b, add, mul, 0.0))
 
 
@@ -182,10 +198,11 @@ def test_tropical_matmul_implementations_agree_on_big_operands():
     rng = np.random.default_rng(3)
     for shapes in [((3, 37, 150), (150, 29)), ((130, 70), (70, 3)), ((1, 64, 128), (5, 128, 64)),
                    ((7, 70), (70, 530)), ((3, 70), (70, 530)), ((2, 1, 90), (90, 300))]:
-        a, b = random_values(rng, shapes[0], ties=True), random_values(rng, shapes[1], special=(np.inf,))
-        for add, mul in itertools.product(kernels.ADDS, kernels.MULS):
-            np.testing.assert_array_equal(kernels.tropical_matmul(a, b, add, mul, backend="numba"),
-                                          kernels.tropical_matmul(a, b, add, mul, backend="numpy"))
+        for special in ((), (np.inf,)):  # both compiled variants: no NaN possible, and NaN-propagating
+            a, b = random_values(rng, shapes[0], ties=True), random_values(rng, shapes[1], special=special)
+            for add, mul in itertools.product(kernels.ADDS, kernels.MULS):
+                np.testing.assert_array_equal(kernels.tropical_matmul(a, b, add, mul, backend="numba"),
+                                              kernels.tropical_matmul(a, b, add, mul, backend="numpy"))
 
 
 @pytest.mark.parametrize("cache_block", [1, 64, 1 << 16], ids=["k-at-a-time", "small-blocks", "default"])

