@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from semigrad_server.semiring import pointer_kernels
+from semigrad_server.semiring import kernels, pointer_kernels
 
 MULS = {"mul": lambda a, b: a * b, "add": lambda a, b: a + b, "max": max, "min": min}
 CASES = [("max", "mul", 0.0), ("max", "add", -np.inf), ("min", "add", np.inf), ("max", "min", 0.0)]
@@ -62,3 +62,62 @@ def test_the_k_best_with_ranks(order, mul, zero, lifted):
             got = (out[r][i, j], out[K + r][i, j], out[2 * K + r][i, j])
             want = cands[r] if r < len(cands) else (zero, -1.0, 0.0)
             assert got[:2] == want[:2] and got[2] == pytest.approx(want[2]), (i, j, r, got, cands[:K])
+
+
+def sequential(a, b, order, mul, zero):
+    """The definition, one k at a time: the state starts at (0̄, no pointer, partial 0) and a
+    product replaces it when its value is better, or equal with a smaller pointer."""
+    (va, pa, qa), (vb, pb, qb) = a, b
+    m, kk = va.shape
+    n = vb.shape[1]
+    out = np.empty((3, m, n))
+    for i, j in itertools.product(range(m), range(n)):
+        state = (zero, -1.0, 0.0)
+        for k in range(kk):
+            v, p = MULS[mul](va[i, k], vb[k, j]), max(pa[i, k], pb[k, j])
+            if v == v and (key(order, v, p) < key(order, *state[:2])):
+                state = (v, p, qa[i, k] * qb[k, j])
+        out[:, i, j] = state
+    return out
+
+
+# Which operand carries pointers and how: the two-pass form needs one side without pointers and
+# the other's increasing along k (an adjoint's element ids); anything else takes the one-pass kernel.
+LAYOUTS = {
+    "b carries, increasing": (False, "increasing", True),
+    "a carries, increasing": (True, "increasing", True),
+    "b carries, permuted": (False, "permuted", False),
+    "both carry": (None, "increasing", False),
+}
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("special", [None, np.nan], ids=["plain", "nan"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("order,mul,zero", CASES)
+def test_two_passes_or_one_give_the_definitions_winners(order, mul, zero, layout, special, monkeypatch):
+    """Values, then each entry's first tie (kernels.first_ties) when the layout allows it, the
+    one-pass kernel otherwise: both the triples of the definition, on many ties, entries no
+    product beats (0̄), rows past the 4-row tiles and columns past J_BLOCK."""
+    monkeypatch.setattr(kernels, "NUMBA_MIN_WORK", 0)
+    rng = np.random.default_rng(3)
+    m, kk, n = 6, 7, 260
+    va, vb = rng.integers(-1, 3, (m, kk)).astype(float), rng.integers(-1, 3, (kk, n)).astype(float)
+    if special is not None:
+        vb[2, 5] = special
+    a_carries, pointers, two_pass = LAYOUTS[layout]
+
+    def carried(shape):  # element ids in C order: increasing along k on either side
+        ids = np.arange(np.prod(shape), dtype=float).reshape(shape) + 10
+        return rng.permutation(ids.ravel()).reshape(shape) if pointers == "permuted" else ids
+
+    pa = carried((m, kk)) if a_carries in (True, None) else np.full((m, kk), -1.0)
+    pb = carried((kk, n)) if a_carries in (False, None) else np.full((kk, n), -1.0)
+    qa, qb = rng.normal(size=(m, kk)), rng.normal(size=(kk, n))
+    before = kernels.calls.get(("first_ties", "numba"), 0)
+    got = pointer_kernels.pointer_matmul((va, pa, qa), (vb, pb, qb), order, mul, zero)
+    ran_two = kernels.calls.get(("first_ties", "numba"), 0) > before
+    assert ran_two == (two_pass and special is None)
+    want = sequential((va, pa, qa), (vb, pb, qb), order, mul, zero)
+    for c in range(3):
+        np.testing.assert_array_equal(got[c], want[c])

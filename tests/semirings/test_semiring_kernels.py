@@ -170,6 +170,28 @@ def test_numba_compares_plainly_only_when_no_product_can_be_nan(implementation, 
     np.testing.assert_array_equal(got, brute_tropical(a, b, add, mul, 0.0))
 
 
+# ---------------------------------------------------------------- first_ties
+
+
+@pytest.mark.parametrize("shapes", SHAPES + [((2, 7, 70), (70, 300)), ((6, 33), (33, 260))],
+                         ids=SHAPE_IDS + ["2x7x70@70x300", "6x33@33x260"])  # 4-row tiles, J_BLOCK crossed
+@pytest.mark.parametrize("add,mul", list(itertools.product(kernels.ADDS, kernels.MULS)))
+def test_first_ties_is_the_first_k_attaining_each_value(implementation, add, mul, shapes):
+    """Small integers: many products tie; each entry's answer is the first k whose product equals
+    the tropical matmul's value there (inf where none: an entry left at 0̄)."""
+    rng = np.random.default_rng(sum(map(len, shapes)) + len(add + mul))
+    a = np.round(random_values(rng, shapes[0]))
+    b = np.round(random_values(rng, shapes[1]))
+    best = kernels.tropical_matmul(a, b, add, mul, zero=0.0)
+    got = kernels.first_ties(a, b, best, mul)
+    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    (m, kc), n = a.shape[-2:], b.shape[-1]
+    ab, bb = np.broadcast_to(a, lead + (m, kc)), np.broadcast_to(b, lead + (kc, n))
+    for *t, i, j in itertools.product(*map(range, lead + (m, n))):
+        matches = [k for k in range(kc) if OPS[mul](ab[(*t, i, k)], bb[(*t, k, j)]) == best[(*t, i, j)]]
+        assert got[(*t, i, j)] == (matches[0] if matches else np.inf), (t, i, j, matches)
+
+
 @pytest.mark.parametrize("c", [2.5, 1.0, 0.0, -3.0, np.inf, -np.inf, np.nan])
 @pytest.mark.parametrize("add,mul", list(itertools.product(kernels.ADDS, kernels.MULS)))
 def test_tropical_matmul_with_a_constant_operand(implementation, add, mul, c):

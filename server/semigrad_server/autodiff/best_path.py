@@ -13,7 +13,9 @@ batched over batch items and requested elements (one NumPy gather per node and s
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +26,8 @@ from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..runtime.outputs import OutputKey
 from ..semiring.pointers import OUTPUT
 from .reverse import BackwardGraph
+
+STEPS_BETWEEN_CHECKS = 1 << 16  # path steps appended between two deadline checks (~20 ms)
 
 ALL = "all"  # best_path="all": every element of every differentiated input
 MAX_TOP_PATHS = 64  # top_paths=k: at most this k (the k-best carrier holds 3k arrays per value)
@@ -200,6 +204,7 @@ class _Walker:
         k, nb = self.k, len(self.batch.shape)
         for p in paths:
             p.steps.append((p.input, p.index[nb:], 1.0))
+        steps = [p.steps for p in paths]
         here = np.arange(len(paths))
         at = np.full(len(paths), -1)  # index into names of the node each path is at (-1: its input)
         while here.size:
@@ -223,8 +228,13 @@ class _Walker:
                 ptr[sel] = np.stack(comps[k:2 * k], axis=-1)[rows, r]
                 nxt_partial[sel] = np.stack(comps[2 * k:], axis=-1)[rows, r]
                 shape = self.cg.types[ref].shape
-                elems = np.stack(np.unravel_index(flat[sel], shape), axis=-1).tolist() if shape else [[]] * sel.size
-                for i, el, q in checking(zip(here[sel].tolist(), elems, partial[sel].tolist()), "tracing best paths"):
-                    paths[i].steps.append((ref, tuple(el), q))
-                check("tracing best paths")
+                elems = list(zip(*(c.tolist() for c in np.unravel_index(flat[sel], shape)))) if shape \
+                    else [()] * sel.size
+                owners = [steps[i] for i in here[sel].tolist()]
+                partials = partial[sel].tolist()
+                for start in range(0, sel.size, STEPS_BETWEEN_CHECKS):  # list.append mapped: no Python frame per step
+                    stop = start + STEPS_BETWEEN_CHECKS
+                    deque(map(list.append, owners[start:stop], zip(repeat(ref), elems[start:stop], partials[start:stop])),
+                          maxlen=0)
+                    check("tracing best paths")
             at, partial = node, nxt_partial

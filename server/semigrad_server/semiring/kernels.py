@@ -5,6 +5,9 @@ Matmuls that BLAS cannot do, for plugins to call instead of writing their own lo
 * `tropical_matmul(a, b, add, mul, zero)`: out[..., i, j] = ⊕_k a[..., i, k] ⊗ b[..., k, j]
   with ⊕ ∈ {max, min} and ⊗ ∈ {×, +, max, min}: max_product is (max, ×), maxplus (max, +),
   minplus (min, +), bottleneck (max, min).
+* `first_ties(a, b, best, mul)`: for a selective matmul whose values `best` are known, the first k
+  whose product a[..., i, k] ⊗ b[..., k, j] equals best[..., i, j]: the winning edge, which
+  back-pointers record.
 * `kbest_matmul(a, b)`: the matmul of the k-best semiring, whose values are k arrays sorted
   descending: the k largest products a[p][..., i, k] · b[q][..., k, j] over k, p and q.
 
@@ -256,14 +259,64 @@ def _tropical_numba(a, b, lead, add, mul, zero):
     a3 = _readonly(np.ascontiguousarray(a.reshape((-1, m, kc))))
     b3 = _readonly(np.ascontiguousarray(b.reshape((-1, kc, n))))
     out = np.empty((ia.size, m, n))
-    no_nan = _no_nan_possible(a3, b3, mul)
+    no_nan = nan_free_products(a3, b3, mul)
     _count("tropical_matmul operands (numba)", "no NaN possible" if no_nan else "NaN possible")
     kernel = getattr(_jit(), f"{add}_{mul}_no_nan" if no_nan else f"{add}_{mul}")
     kernel(a3, b3, _readonly(ia), _readonly(ib), zero, out)
     return out.reshape(lead + (m, n))
 
 
-def _no_nan_possible(a: np.ndarray, b: np.ndarray, mul: str) -> bool:
+# ---------------------------------------------------------------- first_ties
+
+
+def first_ties(a, b, best, mul: str = "mul", backend: str | None = None) -> np.ndarray:
+    """out[..., i, j] = the first k with a[..., i, k] ⊗ b[..., k, j] == best[..., i, j], as float64,
+    +inf where no k has. With `best` the values of a selective matmul of a and b (the ⊕-best
+    product of each entry), that k is the entry's winning edge among ties, first first.
+
+    a (..., m, k), b (..., k, n), best (..., m, n) with the broadcast leading axes; mul as for
+    `tropical_matmul`. NaN products equal nothing. The products are computed as
+    `tropical_matmul` computes them, so an entry of its result is always found."""
+    if mul not in MULS:
+        raise ValueError(f"first_ties: mul must be one of {MULS}, got {mul!r}")
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    m, kc, n, lead = _matmul_shapes(a, b, "first_ties")
+    best = np.ascontiguousarray(np.broadcast_to(np.asarray(best, dtype=np.float64), lead + (m, n)))
+    items = math.prod(lead)
+    implementation = _choose(backend, items * m * n * kc)
+    _count("first_ties", implementation)
+    if kc == 0 or items * m * n == 0:
+        return np.full(lead + (m, n), np.inf)
+    if implementation == "numba" and not (np.isnan(a).any() or np.isnan(b).any()):
+        ia, ib = item_indices(a.shape[:-2], b.shape[:-2], lead)
+        out = np.empty((items, m, n))
+        try:
+            getattr(_jit(), f"first_ties_{mul}")(_readonly(np.ascontiguousarray(a.reshape((-1, m, kc)))),
+                                                 _readonly(np.ascontiguousarray(b.reshape((-1, kc, n)))),
+                                                 _readonly(ia), _readonly(ib), _readonly(best.reshape(items, m, n)),
+                                                 out, np.inf)
+            return out.reshape(lead + (m, n))
+        except Exception as e:  # the kernel does not compile here: NumPy from now on
+            if backend == "numba":
+                raise
+            _disable_numba(e)
+    return _first_ties_numpy(a, b, best, mul)
+
+
+def _first_ties_numpy(a, b, best, mul):
+    """Each k from the last to the first: where its products equal `best`, k (so the earliest
+    match is the one left). Temporaries of the output's size."""
+    out = np.full(best.shape, np.inf)
+    left = np.moveaxis(a, -1, 0)[..., None]  # (k, ..., m, 1)
+    right = np.moveaxis(b, -2, 0)[..., None, :]  # (k, ..., 1, n)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for k in range(a.shape[-1] - 1, -1, -1):
+            np.copyto(out, float(k), where=UFUNCS[mul](left[k], right[k]) == best)
+    return out
+
+
+def nan_free_products(a: np.ndarray, b: np.ndarray, mul: str) -> bool:
     """Whether no product a[i, k] ⊗ b[k, j] can be NaN, so that neither can any ⊕ of products
     (max and min of non-NaN values are not NaN): the kernel's plain comparisons then give the
     same values as its NaN-propagating ones, ~4× faster. Finite operands never make a NaN

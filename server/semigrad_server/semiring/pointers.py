@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pointer_kernels import kbest_pointer_matmul, pointer_matmul
+from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul
 from .base import Semiring
 from .tropical import TropicalSemiring
 
-NONE = -1.0  # pointer of a value no adjoint reached (constants, lifted partials, 0̄)
 OUTPUT = 0.0  # pointer of an output's seed: the path ends there
 
 
