@@ -96,7 +96,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("order,mul,zero", CASES)
 def test_two_passes_or_one_give_the_definitions_winners(order, mul, zero, layout, special, monkeypatch):
-    """Values, then each entry's first tie (kernels.first_ties) when the layout allows it, the
+    """Values and each entry's first winning k (kernels.tropical_winners) when the layout allows it, the
     one-pass kernel otherwise: both the triples of the definition, on many ties, entries no
     product beats (0̄), rows past the 4-row tiles and columns past J_BLOCK."""
     monkeypatch.setattr(kernels, "NUMBA_MIN_WORK", 0)
@@ -114,10 +114,30 @@ def test_two_passes_or_one_give_the_definitions_winners(order, mul, zero, layout
     pa = carried((m, kk)) if a_carries in (True, None) else np.full((m, kk), -1.0)
     pb = carried((kk, n)) if a_carries in (False, None) else np.full((kk, n), -1.0)
     qa, qb = rng.normal(size=(m, kk)), rng.normal(size=(kk, n))
-    before = kernels.calls.get(("first_ties", "numba"), 0)
+    before = kernels.calls.get(("tropical_winners", "numba"), 0)
     got = pointer_kernels.pointer_matmul((va, pa, qa), (vb, pb, qb), order, mul, zero)
-    ran_two = kernels.calls.get(("first_ties", "numba"), 0) > before
+    ran_two = kernels.calls.get(("tropical_winners", "numba"), 0) > before
     assert ran_two == (two_pass and special is None)
     want = sequential((va, pa, qa), (vb, pb, qb), order, mul, zero)
     for c in range(3):
         np.testing.assert_array_equal(got[c], want[c])
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("order,mul,zero", CASES)
+def test_batched_adjoints_against_one_shared_weight(order, mul, zero, monkeypatch):
+    """Adjoints of 3 batch items (pointers: their element ids) against one lifted weight broadcast
+    over the batch: the winners item by item, as the definition's."""
+    monkeypatch.setattr(kernels, "NUMBA_MIN_WORK", 0)
+    rng = np.random.default_rng(4)
+    items, m, kk, n = 3, 5, 9, 7
+    va = rng.integers(-1, 3, (items, m, kk)).astype(float)
+    pa = np.arange(items * m * kk, dtype=float).reshape(items, m, kk)
+    qa = rng.normal(size=(items, m, kk))
+    vb = rng.integers(-1, 3, (kk, n)).astype(float)
+    pb, qb = np.broadcast_to(-1.0, (kk, n)), rng.normal(size=(kk, n))
+    got = pointer_kernels.pointer_matmul((va, pa, qa), (vb, pb, qb), order, mul, zero)
+    for t in range(items):
+        want = sequential((va[t], pa[t], qa[t]), (vb, pb, qb), order, mul, zero)
+        for c in range(3):
+            np.testing.assert_array_equal(got[c][t], want[c])

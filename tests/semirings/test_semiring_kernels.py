@@ -170,26 +170,36 @@ def test_numba_compares_plainly_only_when_no_product_can_be_nan(implementation, 
     np.testing.assert_array_equal(got, brute_tropical(a, b, add, mul, 0.0))
 
 
-# ---------------------------------------------------------------- first_ties
+# ---------------------------------------------------------------- tropical_winners
 
 
-@pytest.mark.parametrize("shapes", SHAPES + [((2, 7, 70), (70, 300)), ((6, 33), (33, 260))],
-                         ids=SHAPE_IDS + ["2x7x70@70x300", "6x33@33x260"])  # 4-row tiles, J_BLOCK crossed
+@pytest.mark.parametrize("shapes", SHAPES + [((2, 7, 70), (70, 300)), ((6, 33), (33, 260)), ((5, 2000), (2000, 9))],
+                         ids=SHAPE_IDS + ["2x7x70@70x300", "6x33@33x260", "5x2000@2000x9"])
 @pytest.mark.parametrize("add,mul", list(itertools.product(kernels.ADDS, kernels.MULS)))
-def test_first_ties_is_the_first_k_attaining_each_value(implementation, add, mul, shapes):
-    """Small integers: many products tie; each entry's answer is the first k whose product equals
-    the tropical matmul's value there (inf where none: an entry left at 0̄)."""
+def test_tropical_winners_are_the_first_k_attaining_each_value(implementation, add, mul, shapes):
+    """Small integers: many products tie. The values are tropical_matmul's; each entry's winner is
+    the first k whose product equals its value, -1 where the value is 0̄. The shapes cross the
+    compiled kernel's 4-row tiles, J_BLOCK columns and its blocks of k (2,000: 16 blocks of 125)."""
     rng = np.random.default_rng(sum(map(len, shapes)) + len(add + mul))
     a = np.round(random_values(rng, shapes[0]))
     b = np.round(random_values(rng, shapes[1]))
-    best = kernels.tropical_matmul(a, b, add, mul, zero=0.0)
-    got = kernels.first_ties(a, b, best, mul)
+    value, first = kernels.tropical_winners(a, b, add, mul, zero=0.0)
+    np.testing.assert_array_equal(value, brute_tropical(a, b, add, mul, 0.0))
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     (m, kc), n = a.shape[-2:], b.shape[-1]
     ab, bb = np.broadcast_to(a, lead + (m, kc)), np.broadcast_to(b, lead + (kc, n))
     for *t, i, j in itertools.product(*map(range, lead + (m, n))):
-        matches = [k for k in range(kc) if OPS[mul](ab[(*t, i, k)], bb[(*t, k, j)]) == best[(*t, i, j)]]
-        assert got[(*t, i, j)] == (matches[0] if matches else np.inf), (t, i, j, matches)
+        v = value[(*t, i, j)]
+        matches = [k for k in range(kc) if OPS[mul](ab[(*t, i, k)], bb[(*t, k, j)]) == v]
+        assert first[(*t, i, j)] == (-1 if v == 0.0 else matches[0]), (t, i, j, matches[:3])
+
+
+@pytest.mark.parametrize("special", [np.nan, np.inf])
+def test_tropical_winners_refuse_operands_whose_products_may_be_nan(implementation, special):
+    a, b = np.zeros((2, 3)), np.ones((3, 4))
+    b[1, 2] = special
+    assert kernels.tropical_winners(a, b, "max", "mul") is None  # nan · 0, inf · 0
+    assert (kernels.tropical_winners(a, b, "max", "add") is None) == np.isnan(special)
 
 
 @pytest.mark.parametrize("c", [2.5, 1.0, 0.0, -3.0, np.inf, -np.inf, np.nan])

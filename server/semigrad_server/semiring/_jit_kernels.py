@@ -48,19 +48,6 @@ _max_no_nan = _no_nan_extremum("llvm.maxnum")
 _min_no_nan = _no_nan_extremum("llvm.minnum")
 
 
-@intrinsic
-def _select(typingctx, condition, x, y):
-    """`x if condition else y` as one LLVM select, with no branch for LLVM to turn into a masked
-    store (see `_first_ties`)."""
-    if not (condition == types.boolean and x == types.float64 and y == types.float64):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.select(*args)
-
-    return types.float64(types.boolean, types.float64, types.float64), codegen
-
-
 @numba.njit(inline="always")
 def _combine(code, x, y, nan):
     """⊗. max and min propagate NaN like np.maximum and np.minimum (`|`, not `or`: no branch);
@@ -235,72 +222,112 @@ def min_min_no_nan(a, b, ia, ib, zero, out):
 
 
 @numba.njit(inline="always")
-def _first_ties(a, b, ia, ib, best, out, mul, none):
-    """out[t, i, j] = the first k where a[ia[t], i, k] ⊗ b[ib[t], k, j] == best[t, i, j], `none` (+inf)
-    where no k does: the winner of a selective matmul whose values `best` are known (a second pass
-    beside `_tropical`'s, for back-pointers: pointer_kernels.pointer_matmul). Tiled like `_tropical`.
-    Each k is offered as min(out, k if equal else none); `none` is an argument, not the constant
-    inf, because LLVM folds min(x, inf) to x and the update back into a compare and a masked store,
-    which does not vectorise well (1.4 → 0.8 G products a second)."""
-    items, m, n = out.shape
+def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
+    """value[t, i, j] = ⊕_k a[ia[t], i, k] ⊗ b[ib[t], k, j] from `zero` (no product may be NaN), and
+    first[t, i, j] = the first k whose product equals it, where it is not `zero` (-1 elsewhere).
+
+    The products are ⊕-accumulated per block of k (`blocks`: one (m, n) slice per block, tiled as
+    `_tropical`, vectorised); an entry's value is the ⊕ of its blocks, and its first k is searched
+    only in the first block that attains the value (scalar, at most a block's length). Tracking
+    the winning k in the vectorised loop itself would need a select per product, which LLVM turns
+    into a masked store (0.5 G products a second against 4)."""
+    items, m, n = value.shape
     kc = a.shape[2]
+    nb = blocks.shape[0]
+    kb = -(-kc // nb)
     for t in range(items):
         at = a[ia[t]]
         bt = b[ib[t]]
-        ot = out[t]
-        vt = best[t]
-        for i in range(m):
-            row = ot[i]
-            for j in range(n):
-                row[j] = none
+        for blk in range(nb):
+            for i in range(m):
+                row = blocks[blk, i]
+                for j in range(n):
+                    row[j] = zero
         jb = J_BLOCK if m >= 4 else n
         for j0 in range(0, n, max(1, jb)):
             j1 = min(n, j0 + jb)
             w = j1 - j0
-            i0 = 0
-            while i0 + 4 <= m:
-                r0, r1, r2, r3 = ot[i0, j0:j1], ot[i0 + 1, j0:j1], ot[i0 + 2, j0:j1], ot[i0 + 3, j0:j1]
-                v0, v1, v2, v3 = vt[i0, j0:j1], vt[i0 + 1, j0:j1], vt[i0 + 2, j0:j1], vt[i0 + 3, j0:j1]
-                for kk in range(kc):
-                    x0, x1, x2, x3 = at[i0, kk], at[i0 + 1, kk], at[i0 + 2, kk], at[i0 + 3, kk]
-                    brow = bt[kk, j0:j1]
-                    k = np.float64(kk)
-                    for j in range(w):
-                        y = brow[j]
-                        r0[j] = _min_no_nan(r0[j], _select(_combine(mul, x0, y, False) == v0[j], k, none))
-                        r1[j] = _min_no_nan(r1[j], _select(_combine(mul, x1, y, False) == v1[j], k, none))
-                        r2[j] = _min_no_nan(r2[j], _select(_combine(mul, x2, y, False) == v2[j], k, none))
-                        r3[j] = _min_no_nan(r3[j], _select(_combine(mul, x3, y, False) == v3[j], k, none))
-                i0 += 4
-            for i in range(i0, m):
-                row = ot[i, j0:j1]
-                vrow = vt[i, j0:j1]
-                for kk in range(kc):
-                    x = at[i, kk]
-                    brow = bt[kk, j0:j1]
-                    k = np.float64(kk)
-                    for j in range(w):
-                        row[j] = _min_no_nan(row[j], _select(_combine(mul, x, brow[j], False) == vrow[j], k, none))
+            for blk in range(nb):
+                k0 = blk * kb
+                k1 = min(kc, k0 + kb)
+                ot = blocks[blk]
+                i0 = 0
+                while i0 + 4 <= m:
+                    r0, r1, r2, r3 = ot[i0, j0:j1], ot[i0 + 1, j0:j1], ot[i0 + 2, j0:j1], ot[i0 + 3, j0:j1]
+                    for kk in range(k0, k1):
+                        x0, x1, x2, x3 = at[i0, kk], at[i0 + 1, kk], at[i0 + 2, kk], at[i0 + 3, kk]
+                        brow = bt[kk, j0:j1]
+                        for j in range(w):
+                            y = brow[j]
+                            r0[j] = _accumulate(add, _combine(mul, x0, y, False), r0[j], False)
+                            r1[j] = _accumulate(add, _combine(mul, x1, y, False), r1[j], False)
+                            r2[j] = _accumulate(add, _combine(mul, x2, y, False), r2[j], False)
+                            r3[j] = _accumulate(add, _combine(mul, x3, y, False), r3[j], False)
+                    i0 += 4
+                for i in range(i0, m):
+                    row = ot[i, j0:j1]
+                    for kk in range(k0, k1):
+                        x = at[i, kk]
+                        brow = bt[kk, j0:j1]
+                        for j in range(w):
+                            row[j] = _accumulate(add, _combine(mul, x, brow[j], False), row[j], False)
+        for i in range(m):
+            for j in range(n):
+                v = zero
+                for blk in range(nb):
+                    v = _accumulate(add, blocks[blk, i, j], v, False)
+                value[t, i, j] = v
+                found = -1
+                if v != zero:
+                    for blk in range(nb):
+                        if blocks[blk, i, j] == v:
+                            x_row = at[i]
+                            for kk in range(blk * kb, min(kc, (blk + 1) * kb)):
+                                if _combine(mul, x_row[kk], bt[kk, j], False) == v:
+                                    found = kk
+                                    break
+                            break
+                first[t, i, j] = found
 
 
 @numba.njit(**_OPTIONS)
-def first_ties_mul(a, b, ia, ib, best, out, none):
-    _first_ties(a, b, ia, ib, best, out, MUL_MUL, none)
+def winners_max_mul(a, b, ia, ib, zero, value, first, blocks):
+    _winners(a, b, ia, ib, zero, value, first, blocks, ADD_MAX, MUL_MUL)
 
 
 @numba.njit(**_OPTIONS)
-def first_ties_add(a, b, ia, ib, best, out, none):
-    _first_ties(a, b, ia, ib, best, out, MUL_ADD, none)
+def winners_max_add(a, b, ia, ib, zero, value, first, blocks):
+    _winners(a, b, ia, ib, zero, value, first, blocks, ADD_MAX, MUL_ADD)
 
 
 @numba.njit(**_OPTIONS)
-def first_ties_max(a, b, ia, ib, best, out, none):
-    _first_ties(a, b, ia, ib, best, out, MUL_MAX, none)
+def winners_max_max(a, b, ia, ib, zero, value, first, blocks):
+    _winners(a, b, ia, ib, zero, value, first, blocks, ADD_MAX, MUL_MAX)
 
 
 @numba.njit(**_OPTIONS)
-def first_ties_min(a, b, ia, ib, best, out, none):
-    _first_ties(a, b, ia, ib, best, out, MUL_MIN, none)
+def winners_max_min(a, b, ia, ib, zero, value, first, blocks):
+    _winners(a, b, ia, ib, zero, value, first, blocks, ADD_MAX, MUL_MIN)
+
+
+@numba.njit(**_OPTIONS)
+def winners_min_mul(a, b, ia, ib, zero, value, first, blocks):
+    _winners(a, b, ia, ib, zero, value, first, blocks, ADD_MIN, MUL_MUL)
+
+
+@numba.njit(**_OPTIONS)
+def winners_min_add(a, b, ia, ib, zero, value, first, blocks):
+    _winners(a, b, ia, ib, zero, value, first, blocks, ADD_MIN, MUL_ADD)
+
+
+@numba.njit(**_OPTIONS)
+def winners_min_max(a, b, ia, ib, zero, value, first, blocks):
+    _winners(a, b, ia, ib, zero, value, first, blocks, ADD_MIN, MUL_MAX)
+
+
+@numba.njit(**_OPTIONS)
+def winners_min_min(a, b, ia, ib, zero, value, first, blocks):
+    _winners(a, b, ia, ib, zero, value, first, blocks, ADD_MIN, MUL_MIN)
 
 
 @numba.njit(**_OPTIONS)

@@ -5,9 +5,8 @@ Matmuls that BLAS cannot do, for plugins to call instead of writing their own lo
 * `tropical_matmul(a, b, add, mul, zero)`: out[..., i, j] = ⊕_k a[..., i, k] ⊗ b[..., k, j]
   with ⊕ ∈ {max, min} and ⊗ ∈ {×, +, max, min}: max_product is (max, ×), maxplus (max, +),
   minplus (min, +), bottleneck (max, min).
-* `first_ties(a, b, best, mul)`: for a selective matmul whose values `best` are known, the first k
-  whose product a[..., i, k] ⊗ b[..., k, j] equals best[..., i, j]: the winning edge, which
-  back-pointers record.
+* `tropical_winners(a, b, add, mul, zero)`: `tropical_matmul`'s values and, for each entry, the
+  first k whose product attains it: the winning edge, which back-pointers record.
 * `kbest_matmul(a, b)`: the matmul of the k-best semiring, whose values are k arrays sorted
   descending: the k largest products a[p][..., i, k] · b[q][..., k, j] over k, p and q.
 
@@ -266,54 +265,60 @@ def _tropical_numba(a, b, lead, add, mul, zero):
     return out.reshape(lead + (m, n))
 
 
-# ---------------------------------------------------------------- first_ties
+# ---------------------------------------------------------------- tropical_winners
+
+# tropical_winners' compiled kernel keeps one (m, n) slice per block of k, at most this many
+# blocks (and blocks of at least K_BLOCK): an entry's winner is searched within one block.
+WINNER_BLOCKS = 16
 
 
-def first_ties(a, b, best, mul: str = "mul", backend: str | None = None) -> np.ndarray:
-    """out[..., i, j] = the first k with a[..., i, k] ⊗ b[..., k, j] == best[..., i, j], as float64,
-    +inf where no k has. With `best` the values of a selective matmul of a and b (the ⊕-best
-    product of each entry), that k is the entry's winning edge among ties, first first.
-
-    a (..., m, k), b (..., k, n), best (..., m, n) with the broadcast leading axes; mul as for
-    `tropical_matmul`. NaN products equal nothing. The products are computed as
-    `tropical_matmul` computes them, so an entry of its result is always found."""
-    if mul not in MULS:
-        raise ValueError(f"first_ties: mul must be one of {MULS}, got {mul!r}")
+def tropical_winners(a, b, add: str = "max", mul: str = "mul", zero: float | None = None,
+                     backend: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(value, first): value = `tropical_matmul(a, b, add, mul, zero)`, and first[..., i, j] = the
+    first k whose product a[..., i, k] ⊗ b[..., k, j] equals value[..., i, j] (an int64 array),
+    -1 where the value is `zero` (no product beat the start). None when a product of the operands
+    may be NaN (`nan_free_products`): the winner of a NaN-propagating ⊕ is not defined."""
+    if add not in ADDS or mul not in MULS:
+        raise ValueError(f"tropical_winners: add must be one of {ADDS} and mul one of {MULS}, got {add!r}, {mul!r}")
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    m, kc, n, lead = _matmul_shapes(a, b, "first_ties")
-    best = np.ascontiguousarray(np.broadcast_to(np.asarray(best, dtype=np.float64), lead + (m, n)))
+    m, kc, n, lead = _matmul_shapes(a, b, "tropical_winners")
+    zero = _IDENTITY[add] if zero is None else float(zero)
+    if not nan_free_products(a, b, mul):
+        return None
     items = math.prod(lead)
     implementation = _choose(backend, items * m * n * kc)
-    _count("first_ties", implementation)
+    _count("tropical_winners", implementation)
     if kc == 0 or items * m * n == 0:
-        return np.full(lead + (m, n), np.inf)
-    if implementation == "numba" and not (np.isnan(a).any() or np.isnan(b).any()):
+        return np.full(lead + (m, n), zero), np.full(lead + (m, n), -1, dtype=np.int64)
+    if implementation == "numba":
         ia, ib = item_indices(a.shape[:-2], b.shape[:-2], lead)
-        out = np.empty((items, m, n))
+        value, first = np.empty((items, m, n)), np.empty((items, m, n), dtype=np.int64)
+        blocks = np.empty((max(1, min(WINNER_BLOCKS, -(-kc // _jit().K_BLOCK))), m, n))
         try:
-            getattr(_jit(), f"first_ties_{mul}")(_readonly(np.ascontiguousarray(a.reshape((-1, m, kc)))),
-                                                 _readonly(np.ascontiguousarray(b.reshape((-1, kc, n)))),
-                                                 _readonly(ia), _readonly(ib), _readonly(best.reshape(items, m, n)),
-                                                 out, np.inf)
-            return out.reshape(lead + (m, n))
+            getattr(_jit(), f"winners_{add}_{mul}")(_readonly(np.ascontiguousarray(a.reshape((-1, m, kc)))),
+                                                    _readonly(np.ascontiguousarray(b.reshape((-1, kc, n)))),
+                                                    _readonly(ia), _readonly(ib), zero, value, first, blocks)
+            return value.reshape(lead + (m, n)), first.reshape(lead + (m, n))
         except Exception as e:  # the kernel does not compile here: NumPy from now on
             if backend == "numba":
                 raise
             _disable_numba(e)
-    return _first_ties_numpy(a, b, best, mul)
+    value = _tropical_numpy(a, b, lead, add, mul, zero)
+    return value, _first_numpy(a, b, value, mul, zero)
 
 
-def _first_ties_numpy(a, b, best, mul):
-    """Each k from the last to the first: where its products equal `best`, k (so the earliest
-    match is the one left). Temporaries of the output's size."""
-    out = np.full(best.shape, np.inf)
+def _first_numpy(a, b, value, mul, zero):
+    """Each k from the last to the first: where its products equal `value`, k (so the earliest
+    match is the one left); -1 where the value is `zero`. Temporaries of the output's size."""
+    first = np.full(value.shape, -1, dtype=np.int64)
+    won = value != zero
     left = np.moveaxis(a, -1, 0)[..., None]  # (k, ..., m, 1)
     right = np.moveaxis(b, -2, 0)[..., None, :]  # (k, ..., 1, n)
     with np.errstate(invalid="ignore", over="ignore"):
         for k in range(a.shape[-1] - 1, -1, -1):
-            np.copyto(out, float(k), where=UFUNCS[mul](left[k], right[k]) == best)
-    return out
+            np.copyto(first, k, where=won & (UFUNCS[mul](left[k], right[k]) == value))
+    return first
 
 
 def nan_free_products(a: np.ndarray, b: np.ndarray, mul: str) -> bool:

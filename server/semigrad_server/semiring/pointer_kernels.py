@@ -126,42 +126,50 @@ def pointer_matmul(a, b, addition: str, multiplication: str, zero: float):
     m, kk = np.shape(a[0])[-2:]
     n = np.shape(b[0])[-1]
     lead = tuple(np.broadcast_shapes(np.shape(a[0])[:-2], np.shape(b[0])[:-2]))
-    flat_a, flat_b = _flat(a, lead, (m, kk)), _flat(b, lead, (kk, n))
-    out = _from_values(flat_a, flat_b, addition, multiplication, zero)
-    if out is None:
-        out = kernels[0](*flat_a, *flat_b, addition == "max", _MULS[multiplication], float(zero))
+    out = _from_values(a, b, lead, addition, multiplication, zero)
+    if out is not None:
+        return out
+    out = kernels[0](*_flat(a, lead, (m, kk)), *_flat(b, lead, (kk, n)), addition == "max",
+                     _MULS[multiplication], float(zero))
     return tuple(c.reshape(lead + (m, n)) for c in out)
 
 
-def _from_values(a, b, addition: str, multiplication: str, zero: float):
-    """The winners' triples in two vectorised passes, when the winner among equal values is the
-    first k: the values (`kernels.tropical_matmul`), then each entry's first k that attains its
-    value (`kernels.first_ties`), and the pointer and partial of that k gathered. That is the case
-    when one side carries no pointers (NONE: a lifted partial) and the other's increase along k
-    (an adjoint's element ids, in order), so that among ties the smallest pointer is the first k,
-    and when no product can be NaN (which the one-pass kernel skips, and the matmul would keep).
-    None otherwise: the one-pass kernel then decides (3-4x slower at BERT width)."""
-    (va, pa, qa), (vb, pb, qb) = a, b
-    if (pb == NONE).all() and _increasing(pa, axis=-1):
+def _from_values(a, b, lead: tuple, addition: str, multiplication: str, zero: float):
+    """The winners' triples from a vectorised matmul, when the winner among equal values is the
+    first k: the values and each entry's first k that attains its value
+    (`kernels.tropical_winners`), then the pointer and partial of that k gathered (from the
+    operands as they are: a lifted weight is not copied). That is the case when one side carries
+    no pointers (NONE: a lifted partial) and the other's increase along k (an adjoint's element
+    ids, in order), so that among ties the smallest pointer is the first k, and when no product
+    can be NaN (which the one-pass kernel skips, and the matmul would keep). None otherwise: the
+    one-pass kernel then decides (~0.5 G products a second against ~3)."""
+    (va, pa, qa), (vb, pb, qb) = ([np.asarray(c, dtype=np.float64) for c in x] for x in (a, b))
+    if _no_pointers(pb) and _increasing(pa, axis=-1):
         carrier = "a"
-    elif (pa == NONE).all() and _increasing(pb, axis=-2):
+    elif _no_pointers(pa) and _increasing(pb, axis=-2):
         carrier = "b"
     else:
         return None
-    if not tropical_kernels.nan_free_products(va, vb, multiplication):
+    winners = tropical_kernels.tropical_winners(va, vb, addition, multiplication, zero=zero)
+    if winners is None:
         return None
-    value = tropical_kernels.tropical_matmul(va, vb, addition, multiplication, zero=zero)
-    first = tropical_kernels.first_ties(va, vb, value, multiplication)
-    won = value != zero  # elsewhere no product beat the start (0̄, no pointer, partial 0)
-    if np.isinf(first[won]).any():
-        raise RuntimeError("pointer_matmul: a value the matmul found is the product of no k")
-    k = np.where(won, first, 0).astype(np.intp)
-    items = np.arange(value.shape[0])[:, None, None]
-    rows = np.arange(value.shape[1])[None, :, None]
-    columns = np.arange(value.shape[2])[None, None, :]
-    pointer = pa[items, rows, k] if carrier == "a" else pb[items, k, columns]
-    partial = qa[items, rows, k] * qb[items, k, columns]
+    value, first = winners
+    won = first >= 0  # elsewhere no product beat the start (0̄, no pointer, partial 0)
+    k = np.maximum(first, 0)
+    *outer, rows, columns = np.ix_(*(np.arange(size) for size in value.shape))
+    at_a, at_b = (*outer, rows, k), (*outer, k, columns)
+    (m, kk), n = va.shape[-2:], vb.shape[-1]
+    pointer = (np.broadcast_to(pa, lead + (m, kk))[at_a] if carrier == "a"
+               else np.broadcast_to(pb, lead + (kk, n))[at_b])
+    partial = np.broadcast_to(qa, lead + (m, kk))[at_a] * np.broadcast_to(qb, lead + (kk, n))[at_b]
     return value, np.where(won, pointer, NONE), np.where(won, partial, 0.0)
+
+
+def _no_pointers(x: np.ndarray) -> bool:
+    """Every pointer NONE: a lifted partial's (NONE broadcast: checked without a pass)."""
+    if x.size and not any(x.strides):
+        return x.flat[0] == NONE
+    return bool((x == NONE).all())
 
 
 def _increasing(x: np.ndarray, axis: int) -> bool:
