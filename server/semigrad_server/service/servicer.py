@@ -48,9 +48,10 @@ def rpc(method):
             stopped = _overrun(bound)
             code, detail = status.status_of(e, method.__name__)
         finally:
-            log.info("rpc=%s graph=%s status=%s ms=%.2f%s%s", method.__name__, _graph_of(request), code.name,
-                     (time.perf_counter() - start) * 1e3, _overrun(bound) if stopped is None else stopped,
-                     f" detail={detail!r}" if detail else "")
+            if log.isEnabledFor(logging.INFO):  # (its fields are worked out only for a line that is written)
+                log.info("rpc=%s graph=%s status=%s ms=%.2f%s%s", method.__name__, _graph_of(request), code.name,
+                         (time.perf_counter() - start) * 1e3, _overrun(bound) if stopped is None else stopped,
+                         f" detail={detail!r}" if detail else "")
         context.abort(code, detail)
 
     return handler
