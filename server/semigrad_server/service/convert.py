@@ -45,7 +45,8 @@ def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None)
 
 def tensors_to_arrays(tensors: Mapping[str, pb.Tensor], what: str,
                       shared: Session | None = None) -> dict[str, np.ndarray]:
-    return {name: tensor_to_array(t, f"{what} {quoted(name)}", shared) for name, t in tensors.items()}
+    return {name: tensor_to_array(tensors[name], f"{what} {quoted(name)}", shared)
+            for name in tensors}  # (a protobuf map's items() is twice as slow)
 
 
 def arrays_to_tensors(arrays: Mapping[str, np.ndarray], writer: Writer | None = None) -> dict[str, pb.Tensor]:
