@@ -127,6 +127,16 @@ def test_a_gradient_is_plain_exactly_when_it_sets_only_what_the_short_path_honou
         f"GradientRequest.{field} set: is_plain is {spec.is_plain}"
 
 
+@pytest.mark.parametrize("field", sorted(GRADIENT_EXAMPLES))
+def test_the_servicer_sends_a_request_the_short_way_only_when_its_spec_is_plain(field):
+    """The servicer asks the engine's short path without building a spec for requests
+    convert.is_plain_gradient recognises: never one whose spec would not be plain."""
+    request = request_with(pb.GradientRequest, field, GRADIENT_EXAMPLES[field])
+    assert convert.is_plain_gradient(request) == (field in PLAIN_FIELDS), \
+        f"GradientRequest.{field} set: is_plain_gradient is {convert.is_plain_gradient(request)}"
+    assert convert.PLAIN_GRADIENT_FIELDS == PLAIN_FIELDS | convert.GRADIENT_TRANSPORT_FIELDS
+
+
 @pytest.mark.parametrize("spelling", ["", "real"])
 def test_the_real_semiring_either_way_it_is_spelled_is_plain(spelling):
     assert gradient_spec(pb.GradientRequest(semiring=spelling)).is_plain

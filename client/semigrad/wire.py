@@ -180,7 +180,7 @@ class Received:
         if size is None:  # a marker this reader did not write
             raise ValueError(f"tensor refers to region {MARK!r}, which is not a region")
         wire = codec.wire_dtype(tensor.dtype)
-        shape = tuple(tensor.shape)
+        shape = codec.message_shape(tensor)
         if any(d < 0 for d in shape):
             raise ValueError(f"tensor shape {shape} has a negative dimension")
         expected = math.prod(shape) * wire.itemsize

@@ -25,7 +25,6 @@ import heapq
 import itertools
 import threading
 import time
-from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from .errors import Cancelled, DeadlineExceeded
@@ -121,14 +120,22 @@ def start(seconds: float | None, default: float) -> Bound:
     return Bound(time.monotonic() + (default if seconds is None else min(seconds, default)))
 
 
-@contextmanager
-def serving(bound: Bound | None) -> Iterator[Bound | None]:
-    """Make `bound` the current request's bound in this thread (and in contexts copied from it)."""
-    token = CURRENT.set(bound)
-    try:
-        yield bound
-    finally:
-        CURRENT.reset(token)
+class serving:  # noqa: N801 - used as a function, like contextlib's managers
+    """Make `bound` the current request's bound in this thread (and in contexts copied from it),
+    for the `with` block. (A class rather than a @contextmanager generator: it is on every call's
+    path, where it costs a fifth as much.)"""
+
+    __slots__ = ("bound", "_token")
+
+    def __init__(self, bound: Bound | None):
+        self.bound = bound
+
+    def __enter__(self) -> Bound | None:
+        self._token = CURRENT.set(self.bound)
+        return self.bound
+
+    def __exit__(self, *exc_info) -> None:
+        CURRENT.reset(self._token)
 
 
 # ---------------------------------------------------------------- interruptible regions

@@ -20,6 +20,10 @@ from .shared_memory import Session, Writer
 # (tests/test_request_specs.py checks both lists against the proto).
 EVALUATE_TRANSPORT_FIELDS = frozenset({"output_region"})
 GRADIENT_TRANSPORT_FIELDS = frozenset({"output_region"})
+# A GradientRequest setting no other field than these is plain (GradientSpec.is_plain): the
+# engine's short path (Engine.remembered_gradient) takes it without a spec.
+PLAIN_GRADIENT_FIELDS = frozenset({"graph_id", "inputs", "wrt", "outputs", "return_outputs", "backend"}) \
+    | GRADIENT_TRANSPORT_FIELDS
 
 
 def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None) -> np.ndarray:
@@ -41,7 +45,8 @@ def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None)
 
 def tensors_to_arrays(tensors: Mapping[str, pb.Tensor], what: str,
                       shared: Session | None = None) -> dict[str, np.ndarray]:
-    return {name: tensor_to_array(t, f"{what} {quoted(name)}", shared) for name, t in tensors.items()}
+    return {name: tensor_to_array(tensors[name], f"{what} {quoted(name)}", shared)
+            for name in tensors}  # (a protobuf map's items() is twice as slow)
 
 
 def arrays_to_tensors(arrays: Mapping[str, np.ndarray], writer: Writer | None = None) -> dict[str, pb.Tensor]:
@@ -142,10 +147,21 @@ def evaluate_spec(request: pb.EvaluateRequest, shared: Session | None = None) ->
                         tuple(request.nodes), request.backend or "auto")
 
 
-def gradient_spec(request: pb.GradientRequest, shared: Session | None = None) -> GradientSpec:
-    """`shared`: the request's shared-memory session, for inputs and seeds that reference a region."""
+def is_plain_gradient(request: pb.GradientRequest) -> bool:
+    """Whether `request` sets no field but PLAIN_GRADIENT_FIELDS: then its spec is plain. (Some
+    plain specs come from requests this does not recognise, one naming the real semiring say:
+    they take the general way.)"""
+    return all(field.name in PLAIN_GRADIENT_FIELDS for field, _ in request.ListFields())
+
+
+def gradient_spec(request: pb.GradientRequest, shared: Session | None = None,
+                  inputs: dict[str, np.ndarray] | None = None) -> GradientSpec:
+    """`shared`: the request's shared-memory session, for inputs and seeds that reference a region.
+    `inputs`: the request's inputs when the caller decoded them already (decode them once: elements
+    read from shared memory count against the request's bound each time)."""
     return GradientSpec(
-        request.graph_id, tensors_to_arrays(request.inputs, "input", shared), tuple(request.wrt),
+        request.graph_id, tensors_to_arrays(request.inputs, "input", shared) if inputs is None else inputs,
+        tuple(request.wrt),
         tuple(request.outputs), tensors_to_arrays(request.seeds, "seed", shared) if request.seeds else None,
         request.return_outputs, request.semiring or "real",
         params_from_proto(request.semiring_params) if request.semiring_params else None, request.return_components,

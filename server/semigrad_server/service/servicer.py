@@ -48,9 +48,10 @@ def rpc(method):
             stopped = _overrun(bound)
             code, detail = status.status_of(e, method.__name__)
         finally:
-            log.info("rpc=%s graph=%s status=%s ms=%.2f%s%s", method.__name__, _graph_of(request), code.name,
-                     (time.perf_counter() - start) * 1e3, _overrun(bound) if stopped is None else stopped,
-                     f" detail={detail!r}" if detail else "")
+            if log.isEnabledFor(logging.INFO):  # (its fields are worked out only for a line that is written)
+                log.info("rpc=%s graph=%s status=%s ms=%.2f%s%s", method.__name__, _graph_of(request), code.name,
+                         (time.perf_counter() - start) * 1e3, _overrun(bound) if stopped is None else stopped,
+                         f" detail={detail!r}" if detail else "")
         context.abort(code, detail)
 
     return handler
@@ -145,9 +146,18 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
 
     def _gradient(self, request, context, until, hook_run=None):
         with self.shared_memory.session(context.peer()) as shared:
-            spec = convert.gradient_spec(request, shared)
+            inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
+            spec = None if convert.is_plain_gradient(request) else convert.gradient_spec(request, shared, inputs)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
-            result = self.engine.run_gradient(spec, until, hook_run)
+            # A plain request whose input signature passed the checks before goes straight to its
+            # plan, as run_gradient would send it, without a spec (most calls)
+            result = None if spec is not None else self.engine.remembered_gradient(
+                request.graph_id, inputs, tuple(request.wrt), tuple(request.outputs), request.return_outputs,
+                request.backend or "auto", until)
+            if result is None:
+                if spec is None:
+                    spec = convert.gradient_spec(request, shared, inputs)
+                result = self.engine.run_gradient(spec, until, hook_run)
             if result.best_paths or any(part.best_paths for part in result.semirings.values()):
                 # (a message of many best paths takes seconds to build: 420,000 path steps, ~2 s)
                 return deadline.interruptibly("writing the response", convert.gradient_response, result, writer)

@@ -323,7 +323,7 @@ class Session:
             dtype = codec.wire_dtype(tensor.dtype)
         except ValueError as e:
             raise InvalidArgument(f"{what}: {e}") from None
-        shape = tuple(tensor.shape)
+        shape = codec.message_shape(tensor)
         if any(d < 0 for d in shape):
             raise InvalidArgument(f"{what}: tensor shape {shape} has a negative dimension")
         ref = tensor.shared
