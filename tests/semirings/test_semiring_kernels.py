@@ -184,14 +184,14 @@ def test_tropical_winners_are_the_first_k_attaining_each_value(implementation, a
     a = np.round(random_values(rng, shapes[0]))
     b = np.round(random_values(rng, shapes[1]))
     value, first = kernels.tropical_winners(a, b, add, mul, zero=0.0)
-    np.testing.assert_array_equal(value, brute_tropical(a, b, add, mul, 0.0))
-    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    (m, kc), n = a.shape[-2:], b.shape[-1]
-    ab, bb = np.broadcast_to(a, lead + (m, kc)), np.broadcast_to(b, lead + (kc, n))
-    for *t, i, j in itertools.product(*map(range, lead + (m, n))):
-        v = value[(*t, i, j)]
-        matches = [k for k in range(kc) if OPS[mul](ab[(*t, i, k)], bb[(*t, k, j)]) == v]
-        assert first[(*t, i, j)] == (-1 if v == 0.0 else matches[0]), (t, i, j, matches[:3])
+    products = OPS[mul](a[..., :, :, None], b[..., None, :, :])  # (..., m, k, n), every product
+    want = OPS[add].reduce(products, axis=-2, initial=0.0)
+    np.testing.assert_array_equal(value, want)
+    hit = products == want[..., :, None, :]
+    first_hit = np.argmax(hit, axis=-2) if hit.shape[-2] else np.zeros(want.shape, dtype=int)  # the first True
+    want_first = np.where(want == 0.0, -1, first_hit)
+    assert hit.any(axis=-2)[want != 0.0].all()
+    np.testing.assert_array_equal(first, want_first)
 
 
 @pytest.mark.parametrize("special", [np.nan, np.inf])
