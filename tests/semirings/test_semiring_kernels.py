@@ -232,9 +232,11 @@ def test_tropical_matmul_implementations_agree_on_big_operands():
                    ((7, 70), (70, 530)), ((3, 70), (70, 530)), ((2, 1, 90), (90, 300))]:
         for special in ((), (np.inf,)):  # both compiled variants: no NaN possible, and NaN-propagating
             a, b = random_values(rng, shapes[0], ties=True), random_values(rng, shapes[1], special=special)
-            for add, mul in itertools.product(kernels.ADDS, kernels.MULS):
-                np.testing.assert_array_equal(kernels.tropical_matmul(a, b, add, mul, backend="numba"),
-                                              kernels.tropical_matmul(a, b, add, mul, backend="numpy"))
+            # b as the transpose of a contiguous array too (a lifted weight's wᵀ): computed as (bᵀ ⊗ aᵀ)ᵀ
+            for b in (b, np.swapaxes(np.ascontiguousarray(np.swapaxes(b, -1, -2)), -1, -2)):
+                for add, mul in itertools.product(kernels.ADDS, kernels.MULS):
+                    np.testing.assert_array_equal(kernels.tropical_matmul(a, b, add, mul, backend="numba"),
+                                                  kernels.tropical_matmul(a, b, add, mul, backend="numpy"))
 
 
 @pytest.mark.parametrize("cache_block", [1, 64, 1 << 16], ids=["k-at-a-time", "small-blocks", "default"])

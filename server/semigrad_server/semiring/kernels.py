@@ -246,14 +246,25 @@ def _tropical_numpy(a, b, lead, add, mul, zero):
 _MIN_ROW = 16  # numba: output rows shorter than this (and than the columns) are computed transposed
 
 
-def _tropical_numba(a, b, lead, add, mul, zero):
+def _t(x: np.ndarray) -> np.ndarray:
+    return np.swapaxes(x, -1, -2)
+
+
+def _copied(x: np.ndarray) -> int:
+    """Elements the compiled kernels copy to read x as C-contiguous matrices."""
+    return 0 if x.flags.c_contiguous else x.size
+
+
+def _tropical_numba(a, b, lead, add, mul, zero, flipped=False):
     m, kc = a.shape[-2:]
     n = b.shape[-1]
-    if n < _MIN_ROW and m > n:
-        # The inner loop runs along rows of b and of the output: when they are short (a
-        # matrix-vector product), compute outᵀ = bᵀ ⊗ aᵀ instead (every ⊗ here commutes).
-        flipped = _tropical_numba(np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2), lead, add, mul, zero)
-        return np.ascontiguousarray(np.swapaxes(flipped, -1, -2))
+    if not flipped and ((n < _MIN_ROW and m > n) or _copied(a) + _copied(b) > _copied(_t(b)) + _copied(_t(a)) + m * n):
+        # outᵀ = bᵀ ⊗ aᵀ (every ⊗ here commutes), computed instead when the inner loop's rows
+        # (of b and the output) are short (a matrix-vector product), or when the operands are
+        # transposes of contiguous arrays (a lifted weight's local derivative, wᵀ): the
+        # kernel's contiguous copies of them would cost more than transposing the output back.
+        out = _tropical_numba(_t(b), _t(a), lead, add, mul, zero, flipped=True)
+        return np.ascontiguousarray(_t(out))
     ia, ib = item_indices(a.shape[:-2], b.shape[:-2], lead)
     a3 = _readonly(np.ascontiguousarray(a.reshape((-1, m, kc))))
     b3 = _readonly(np.ascontiguousarray(b.reshape((-1, kc, n))))
@@ -328,7 +339,7 @@ def nan_free_products(a: np.ndarray, b: np.ndarray, mul: str) -> bool:
     (overflow is ±inf); with infinities, × makes one from 0 · ∞ and + from ∞ − ∞ (log-space
     semirings' operands hold -∞ for 0̄, and need no NaN check for it). Reads the operands a few
     times (m·k + k·n) against the product's m·k·n."""
-    if np.isfinite(a).all() and np.isfinite(b).all():
+    if _all_finite(a) and _all_finite(b):
         return True
     if np.isnan(a).any() or np.isnan(b).any():
         return False
@@ -337,6 +348,13 @@ def nan_free_products(a: np.ndarray, b: np.ndarray, mul: str) -> bool:
     if mul == "add":
         return not ((np.isposinf(a).any() and np.isneginf(b).any()) or (np.isneginf(a).any() and np.isposinf(b).any()))
     return True  # max and min of non-NaN operands
+
+
+def _all_finite(x: np.ndarray) -> bool:
+    """No NaN or ±inf in x: its sum is finite (one pass, no temporary; an infinity or NaN
+    anywhere makes the sum one), or, when the sum overflowed, every element is."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.sum(x))) or bool(np.isfinite(x).all())
 
 
 # ---------------------------------------------------------------- kbest_matmul

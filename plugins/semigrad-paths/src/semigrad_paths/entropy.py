@@ -73,7 +73,11 @@ class EntropySemiring(Semiring):
                 return z, np.matmul(za, rb)
             if right:
                 return z, np.matmul(ra, zb)
-        return z, np.matmul(za, rb) + np.matmul(ra, zb)
+        r, more = np.matmul(za, rb), np.matmul(ra, zb)
+        if r.shape == more.shape:
+            r += more  # no third (m, n) array
+            return z, r
+        return z, r + more
 
     def read(self, value):
         z, r = (np.asarray(c, dtype=np.float64) for c in value)
