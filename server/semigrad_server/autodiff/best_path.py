@@ -33,7 +33,7 @@ ALL = "all"  # best_path="all": every element of every differentiated input
 MAX_TOP_PATHS = 64  # top_paths=k: at most this k (the k-best carrier holds 3k arrays per value)
 
 
-@dataclass
+@dataclass(slots=True)
 class BestPathResult:
     input: str
     index: tuple[int, ...]
@@ -185,7 +185,7 @@ class _Walker:
         parts = (list(np.unravel_index(b, batch)) if batch else []) + (list(np.unravel_index(e, shape)) if shape else [])
         if not parts:
             return [()] * len(b)
-        return [tuple(row) for row in np.stack(parts, axis=-1).tolist()]
+        return list(zip(*(part.tolist() for part in parts)))
 
     def full_index(self, ref: str, b: int, e: int) -> tuple[int, ...]:
         shape, batch = self.cg.types[ref].shape, self.batch.shape
