@@ -81,12 +81,41 @@ def _accumulate(code, v, acc, nan):
 
 
 @numba.njit(inline="always")
+def _tile(at, bt, ot, j0, j1, k0, k1, add, mul, nan):
+    """ot[i, j] ⊕= ⊕_{k0 ≤ k < k1} at[i, k] ⊗ bt[k, j] for every row i and j0 ≤ j < j1: four rows
+    of a at a time (each element of b loaded once for four output rows), along contiguous rows of
+    b and ot. Rows are slices indexed from 0 (range(w)): indices LLVM knows are not negative, so
+    the inner loops vectorise (an index from range(j0, j1) keeps numba's wraparound)."""
+    m = ot.shape[0]
+    w = j1 - j0
+    i0 = 0
+    while i0 + 4 <= m:
+        r0, r1, r2, r3 = ot[i0, j0:j1], ot[i0 + 1, j0:j1], ot[i0 + 2, j0:j1], ot[i0 + 3, j0:j1]
+        for kk in range(k0, k1):
+            x0, x1, x2, x3 = at[i0, kk], at[i0 + 1, kk], at[i0 + 2, kk], at[i0 + 3, kk]
+            brow = bt[kk, j0:j1]
+            for j in range(w):
+                y = brow[j]
+                r0[j] = _accumulate(add, _combine(mul, x0, y, nan), r0[j], nan)
+                r1[j] = _accumulate(add, _combine(mul, x1, y, nan), r1[j], nan)
+                r2[j] = _accumulate(add, _combine(mul, x2, y, nan), r2[j], nan)
+                r3[j] = _accumulate(add, _combine(mul, x3, y, nan), r3[j], nan)
+        i0 += 4
+    for i in range(i0, m):
+        row = ot[i, j0:j1]
+        for kk in range(k0, k1):
+            x = at[i, kk]
+            brow = bt[kk, j0:j1]
+            for j in range(w):
+                row[j] = _accumulate(add, _combine(mul, x, brow[j], nan), row[j], nan)
+
+
+@numba.njit(inline="always")
 def _tropical(a, b, ia, ib, zero, out, add, mul, nan):
     """out[t, i, j] = ⊕_k a[ia[t], i, k] ⊗ b[ib[t], k, j], from `zero`. Tiled over columns
-    (J_BLOCK when there are 4 rows or more: 4 output rows of a tile stay in L1), over k (a K_BLOCK × J_BLOCK panel of b
-    stays in L2) and over 4 rows of a (each b element is loaded once for 4 output rows); the
-    inner loop runs along the contiguous rows of b and out. Each entry still ⊕-accumulates
-    its k in increasing order."""
+    (J_BLOCK when there are 4 rows or more: 4 output rows of a tile stay in L1) and over k (a
+    K_BLOCK × J_BLOCK panel of b stays in L2), each tile by `_tile`. Each entry still
+    ⊕-accumulates its k in increasing order."""
     items, m, n = out.shape
     kc = a.shape[2]
     for t in range(items):
@@ -100,37 +129,8 @@ def _tropical(a, b, ia, ib, zero, out, add, mul, nan):
         jb = J_BLOCK if m >= 4 else n  # rows of a matrix-vector product: one sweep is fastest
         for j0 in range(0, n, max(1, jb)):
             j1 = min(n, j0 + jb)
-            w = j1 - j0
-            # Rows as slices indexed from 0 (range(w)): indices LLVM knows are not negative, so
-            # the inner loops vectorise (an index from range(j0, j1) keeps numba's wraparound).
             for k0 in range(0, kc, K_BLOCK):
-                k1 = min(kc, k0 + K_BLOCK)
-                i0 = 0
-                while i0 + 4 <= m:
-                    r0 = ot[i0, j0:j1]
-                    r1 = ot[i0 + 1, j0:j1]
-                    r2 = ot[i0 + 2, j0:j1]
-                    r3 = ot[i0 + 3, j0:j1]
-                    for kk in range(k0, k1):
-                        x0 = at[i0, kk]
-                        x1 = at[i0 + 1, kk]
-                        x2 = at[i0 + 2, kk]
-                        x3 = at[i0 + 3, kk]
-                        brow = bt[kk, j0:j1]
-                        for j in range(w):
-                            y = brow[j]
-                            r0[j] = _accumulate(add, _combine(mul, x0, y, nan), r0[j], nan)
-                            r1[j] = _accumulate(add, _combine(mul, x1, y, nan), r1[j], nan)
-                            r2[j] = _accumulate(add, _combine(mul, x2, y, nan), r2[j], nan)
-                            r3[j] = _accumulate(add, _combine(mul, x3, y, nan), r3[j], nan)
-                    i0 += 4
-                for i in range(i0, m):
-                    row = ot[i, j0:j1]
-                    for kk in range(k0, k1):
-                        x = at[i, kk]
-                        brow = bt[kk, j0:j1]
-                        for j in range(w):
-                            row[j] = _accumulate(add, _combine(mul, x, brow[j], nan), row[j], nan)
+                _tile(at, bt, ot, j0, j1, k0, min(kc, k0 + K_BLOCK), add, mul, nan)
 
 
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
@@ -246,31 +246,8 @@ def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
         jb = J_BLOCK if m >= 4 else n
         for j0 in range(0, n, max(1, jb)):
             j1 = min(n, j0 + jb)
-            w = j1 - j0
             for blk in range(nb):
-                k0 = blk * kb
-                k1 = min(kc, k0 + kb)
-                ot = blocks[blk]
-                i0 = 0
-                while i0 + 4 <= m:
-                    r0, r1, r2, r3 = ot[i0, j0:j1], ot[i0 + 1, j0:j1], ot[i0 + 2, j0:j1], ot[i0 + 3, j0:j1]
-                    for kk in range(k0, k1):
-                        x0, x1, x2, x3 = at[i0, kk], at[i0 + 1, kk], at[i0 + 2, kk], at[i0 + 3, kk]
-                        brow = bt[kk, j0:j1]
-                        for j in range(w):
-                            y = brow[j]
-                            r0[j] = _accumulate(add, _combine(mul, x0, y, False), r0[j], False)
-                            r1[j] = _accumulate(add, _combine(mul, x1, y, False), r1[j], False)
-                            r2[j] = _accumulate(add, _combine(mul, x2, y, False), r2[j], False)
-                            r3[j] = _accumulate(add, _combine(mul, x3, y, False), r3[j], False)
-                    i0 += 4
-                for i in range(i0, m):
-                    row = ot[i, j0:j1]
-                    for kk in range(k0, k1):
-                        x = at[i, kk]
-                        brow = bt[kk, j0:j1]
-                        for j in range(w):
-                            row[j] = _accumulate(add, _combine(mul, x, brow[j], False), row[j], False)
+                _tile(at, bt, blocks[blk], j0, j1, blk * kb, min(kc, (blk + 1) * kb), add, mul, False)
         for i in range(m):
             for j in range(n):
                 v = zero
