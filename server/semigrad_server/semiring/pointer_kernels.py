@@ -81,6 +81,7 @@ def _compile():
                             a = va[t, i, k, ra]
                             if a == zero:
                                 break
+                            worse_head = False
                             for rb in range(kb):
                                 b = vb[t, j, k, rb]
                                 if b == zero:
@@ -89,7 +90,10 @@ def _compile():
                                 p = max(pa[t, i, k, ra], pb[t, j, k, rb])
                                 if not better(v, p, cv[K - 1], cp[K - 1], maximise):
                                     if v != cv[K - 1]:
-                                        break  # later ranks of b are worse still (sorted, ⊗ monotone)
+                                        # later ranks of b are worse still (sorted, ⊗ monotone); and
+                                        # when b's first is, so is every later rank of a with any b
+                                        worse_head = rb == 0 and v == v
+                                        break
                                     continue
                                 q = qa[t, i, k, ra] * qb[t, j, k, rb]
                                 r = K - 1
@@ -97,6 +101,8 @@ def _compile():
                                     cv[r], cp[r], cq[r] = cv[r - 1], cp[r - 1], cq[r - 1]
                                     r -= 1
                                 cv[r], cp[r], cq[r] = v, p, q
+                            if worse_head:
+                                break
         return ov, op, oq
 
     return single, kbest
@@ -144,9 +150,9 @@ def _from_values(a, b, lead: tuple, addition: str, multiplication: str, zero: fl
     can be NaN (which the one-pass kernel skips, and the matmul would keep). None otherwise: the
     one-pass kernel then decides (~0.5 G products a second against ~3)."""
     (va, pa, qa), (vb, pb, qb) = ([np.asarray(c, dtype=np.float64) for c in x] for x in (a, b))
-    if _no_pointers(pb) and _increasing(pa, axis=-1):
+    if everywhere(pb, NONE) and _increasing(pa, axis=-1):
         carrier = "a"
-    elif _no_pointers(pa) and _increasing(pb, axis=-2):
+    elif everywhere(pa, NONE) and _increasing(pb, axis=-2):
         carrier = "b"
     else:
         return None
@@ -163,13 +169,6 @@ def _from_values(a, b, lead: tuple, addition: str, multiplication: str, zero: fl
                else np.broadcast_to(pb, lead + (kk, n))[at_b])
     partial = np.broadcast_to(qa, lead + (m, kk))[at_a] * np.broadcast_to(qb, lead + (kk, n))[at_b]
     return value, np.where(won, pointer, NONE), np.where(won, partial, 0.0)
-
-
-def _no_pointers(x: np.ndarray) -> bool:
-    """Every pointer NONE: a lifted partial's (NONE broadcast: checked without a pass)."""
-    if x.size and not any(x.strides):
-        return x.flat[0] == NONE
-    return bool((x == NONE).all())
 
 
 def _increasing(x: np.ndarray, axis: int) -> bool:
@@ -197,6 +196,15 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
 def _ranks(value, k: int, zero: float) -> int:
     """How many leading ranks of a k-best value can hold anything but 0̄."""
     r = k
-    while r > 1 and np.all(np.asarray(value[r - 1]) == zero):
+    while r > 1 and everywhere(value[r - 1], zero):
         r -= 1
     return r
+
+
+def everywhere(x, value: float) -> bool:
+    """Whether x is `value` everywhere: one comparison for a value broadcast from one element (a
+    lifted partial's empty ranks), else every element's."""
+    x = np.asarray(x)
+    if x.size and not any(x.strides):
+        return bool(x.flat[0] == value)
+    return bool(np.all(x == value))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul
+from .pointer_kernels import NONE, everywhere, kbest_pointer_matmul, pointer_matmul
 from .base import Semiring
 from .tropical import TropicalSemiring
 
@@ -217,7 +217,7 @@ class KBestPointerSemiring(Semiring):
 
     def _only_first(self, value) -> bool:
         zero = self.base.zero
-        return all(np.all(np.asarray(c) == zero) for c in value[1:self.k])
+        return all(everywhere(c, zero) for c in value[1:self.k])
 
     def mul(self, a, b):
         if self._only_first(a) or self._only_first(b):
