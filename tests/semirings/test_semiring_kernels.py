@@ -194,6 +194,20 @@ def test_tropical_winners_are_the_first_k_attaining_each_value(implementation, a
     np.testing.assert_array_equal(first, want_first)
 
 
+@pytest.mark.parametrize("budget", [1 << 22, 3 * 7 * 9, 7 * 9 - 1], ids=["blocks", "three-blocks", "one-block"])
+def test_tropical_winners_scratch_stays_within_the_block_budget(implementation, monkeypatch, budget):
+    """The compiled kernel's per-block slices (7 × 9 each) are cut to MATMUL_BLOCK_ELEMENTS: the
+    default allows all 16, a budget of three slices three, and one smaller than a slice a single
+    block (the first k searched over all of k). The same answers each time."""
+    monkeypatch.setattr(base_module, "MATMUL_BLOCK_ELEMENTS", budget)
+    rng = np.random.default_rng(12)
+    a, b = np.round(random_values(rng, (7, 2000))), np.round(random_values(rng, (2000, 9)))
+    value, first = kernels.tropical_winners(a, b, "max", "mul", zero=0.0)
+    products = a[:, :, None] * b[None]
+    np.testing.assert_array_equal(value, np.maximum.reduce(products, axis=1, initial=0.0))
+    np.testing.assert_array_equal(first, np.where(value == 0.0, -1, np.argmax(products == value[:, None, :], axis=1)))
+
+
 @pytest.mark.parametrize("special", [np.nan, np.inf])
 def test_tropical_winners_refuse_operands_whose_products_may_be_nan(implementation, special):
     a, b = np.zeros((2, 3)), np.ones((3, 4))

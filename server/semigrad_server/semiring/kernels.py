@@ -279,7 +279,8 @@ def _tropical_numba(a, b, lead, add, mul, zero, flipped=False):
 # ---------------------------------------------------------------- tropical_winners
 
 # tropical_winners' compiled kernel keeps one (m, n) slice per block of k, at most this many
-# blocks (and blocks of at least K_BLOCK): an entry's winner is searched within one block.
+# blocks (and blocks of at least K_BLOCK, within base.MATMUL_BLOCK_ELEMENTS of scratch): an
+# entry's winner is searched within one block.
 WINNER_BLOCKS = 16
 
 
@@ -305,7 +306,11 @@ def tropical_winners(a, b, add: str = "max", mul: str = "mul", zero: float | Non
     if implementation == "numba":
         ia, ib = item_indices(a.shape[:-2], b.shape[:-2], lead)
         value, first = np.empty((items, m, n)), np.empty((items, m, n), dtype=np.int64)
-        blocks = np.empty((max(1, min(WINNER_BLOCKS, -(-kc // _jit().K_BLOCK))), m, n))
+        # the blocks: at most WINNER_BLOCKS, and at most MATMUL_BLOCK_ELEMENTS of scratch unless
+        # one block alone is more (then one, the size of the output: an entry's first k is then
+        # searched over all of k)
+        count = min(WINNER_BLOCKS, -(-kc // _jit().K_BLOCK), base.MATMUL_BLOCK_ELEMENTS // (m * n))
+        blocks = np.empty((max(1, count), m, n))
         try:
             getattr(_jit(), f"winners_{add}_{mul}")(_readonly(np.ascontiguousarray(a.reshape((-1, m, kc)))),
                                                     _readonly(np.ascontiguousarray(b.reshape((-1, kc, n)))),
