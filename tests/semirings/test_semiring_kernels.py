@@ -173,16 +173,20 @@ def test_numba_compares_plainly_only_when_no_product_can_be_nan(implementation, 
 # ---------------------------------------------------------------- tropical_winners
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["b", "b-transposed"])
 @pytest.mark.parametrize("shapes", SHAPES + [((2, 7, 70), (70, 300)), ((6, 33), (33, 260)), ((5, 2000), (2000, 9))],
                          ids=SHAPE_IDS + ["2x7x70@70x300", "6x33@33x260", "5x2000@2000x9"])
 @pytest.mark.parametrize("add,mul", list(itertools.product(kernels.ADDS, kernels.MULS)))
-def test_tropical_winners_are_the_first_k_attaining_each_value(implementation, add, mul, shapes):
+def test_tropical_winners_are_the_first_k_attaining_each_value(implementation, add, mul, shapes, transposed):
     """Small integers: many products tie. The values are tropical_matmul's; each entry's winner is
     the first k whose product equals its value, -1 where the value is 0̄. The shapes cross the
-    compiled kernel's 4-row tiles, J_BLOCK columns and its blocks of k (2,000: 16 blocks of 125)."""
+    compiled kernel's 4-row tiles, J_BLOCK columns and its blocks of k (2,000: 16 blocks of 125),
+    and its transposed form (matrix-vector products, and b the transpose of a contiguous array)."""
     rng = np.random.default_rng(sum(map(len, shapes)) + len(add + mul))
     a = np.round(random_values(rng, shapes[0]))
     b = np.round(random_values(rng, shapes[1]))
+    if transposed:
+        b = np.swapaxes(np.ascontiguousarray(np.swapaxes(b, -1, -2)), -1, -2)
     value, first = kernels.tropical_winners(a, b, add, mul, zero=0.0)
     products = OPS[mul](a[..., :, :, None], b[..., None, :, :])  # (..., m, k, n), every product
     want = OPS[add].reduce(products, axis=-2, initial=0.0)

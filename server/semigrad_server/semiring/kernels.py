@@ -177,14 +177,20 @@ def _constant_operand(a: np.ndarray, b: np.ndarray, mul: str) -> str | None:
 
 
 def _is_constant(x: np.ndarray) -> bool:
-    """Whether x is one value everywhere: broadcast from one (every stride 0), or equal to its
-    first element (checked on three elements first, so that it costs nothing on most arrays)."""
+    """Whether x is one value everywhere (not NaN), and not empty."""
+    return x.size > 0 and everywhere(x, x.flat[0])
+
+
+def everywhere(x, value: float) -> bool:
+    """Whether every element of x is `value` (True when x is empty): one comparison for a value
+    broadcast from one (every stride 0: a seed 1̄, a lifted partial's empty ranks), three for
+    most arrays that are not (the first, middle and last elements first), else every element's."""
+    x = np.asarray(x)
     if x.size == 0:
-        return False
-    if not any(x.strides):
         return True
-    c = x.flat[0]
-    return bool(c == x.flat[-1] and c == x.flat[x.size // 2] and np.all(x == c))
+    if not any(x.strides):
+        return bool(x.flat[0] == value)
+    return bool(x.flat[0] == value and x.flat[-1] == value and x.flat[x.size // 2] == value and np.all(x == value))
 
 
 def _tropical_constant(a, b, which, lead, add, mul, zero):
@@ -255,16 +261,20 @@ def _copied(x: np.ndarray) -> int:
     return 0 if x.flags.c_contiguous else x.size
 
 
+def _transposed_is_better(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the compiled kernels should compute outᵀ = bᵀ ⊗ aᵀ instead (every ⊗ here
+    commutes): when the inner loop's rows (of b and the output) are short (a matrix-vector
+    product), or when the operands are transposes of contiguous arrays (a lifted weight's local
+    derivative, wᵀ) whose contiguous copies would cost more than transposing the output back."""
+    m, n = a.shape[-2], b.shape[-1]
+    return (n < _MIN_ROW and m > n) or _copied(a) + _copied(b) > _copied(_t(b)) + _copied(_t(a)) + m * n
+
+
 def _tropical_numba(a, b, lead, add, mul, zero, flipped=False):
     m, kc = a.shape[-2:]
     n = b.shape[-1]
-    if not flipped and ((n < _MIN_ROW and m > n) or _copied(a) + _copied(b) > _copied(_t(b)) + _copied(_t(a)) + m * n):
-        # outᵀ = bᵀ ⊗ aᵀ (every ⊗ here commutes), computed instead when the inner loop's rows
-        # (of b and the output) are short (a matrix-vector product), or when the operands are
-        # transposes of contiguous arrays (a lifted weight's local derivative, wᵀ): the
-        # kernel's contiguous copies of them would cost more than transposing the output back.
-        out = _tropical_numba(_t(b), _t(a), lead, add, mul, zero, flipped=True)
-        return np.ascontiguousarray(_t(out))
+    if not flipped and _transposed_is_better(a, b):
+        return np.ascontiguousarray(_t(_tropical_numba(_t(b), _t(a), lead, add, mul, zero, flipped=True)))
     ia, ib = item_indices(a.shape[:-2], b.shape[:-2], lead)
     a3 = _readonly(np.ascontiguousarray(a.reshape((-1, m, kc))))
     b3 = _readonly(np.ascontiguousarray(b.reshape((-1, kc, n))))
@@ -304,24 +314,33 @@ def tropical_winners(a, b, add: str = "max", mul: str = "mul", zero: float | Non
     if kc == 0 or items * m * n == 0:
         return np.full(lead + (m, n), zero), np.full(lead + (m, n), -1, dtype=np.int64)
     if implementation == "numba":
-        ia, ib = item_indices(a.shape[:-2], b.shape[:-2], lead)
-        value, first = np.empty((items, m, n)), np.empty((items, m, n), dtype=np.int64)
-        # the blocks: at most WINNER_BLOCKS, and at most MATMUL_BLOCK_ELEMENTS of scratch unless
-        # one block alone is more (then one, the size of the output: an entry's first k is then
-        # searched over all of k)
-        count = min(WINNER_BLOCKS, -(-kc // _jit().K_BLOCK), base.MATMUL_BLOCK_ELEMENTS // (m * n))
-        blocks = np.empty((max(1, count), m, n))
         try:
-            getattr(_jit(), f"winners_{add}_{mul}")(_readonly(np.ascontiguousarray(a.reshape((-1, m, kc)))),
-                                                    _readonly(np.ascontiguousarray(b.reshape((-1, kc, n)))),
-                                                    _readonly(ia), _readonly(ib), zero, value, first, blocks)
-            return value.reshape(lead + (m, n)), first.reshape(lead + (m, n))
+            return _winners_numba(a, b, lead, add, mul, zero)
         except Exception as e:  # the kernel does not compile here: NumPy from now on
             if backend == "numba":
                 raise
             _disable_numba(e)
     value = _tropical_numpy(a, b, lead, add, mul, zero)
     return value, _first_numpy(a, b, value, mul, zero)
+
+
+def _winners_numba(a, b, lead, add, mul, zero, flipped=False):
+    m, kc = a.shape[-2:]
+    n = b.shape[-1]
+    if not flipped and _transposed_is_better(a, b):  # the same k wins each entry of outᵀ = bᵀ ⊗ aᵀ
+        value, first = _winners_numba(_t(b), _t(a), lead, add, mul, zero, flipped=True)
+        return np.ascontiguousarray(_t(value)), np.ascontiguousarray(_t(first))
+    ia, ib = item_indices(a.shape[:-2], b.shape[:-2], lead)
+    value, first = np.empty((ia.size, m, n)), np.empty((ia.size, m, n), dtype=np.int64)
+    # the blocks: at most WINNER_BLOCKS, and at most MATMUL_BLOCK_ELEMENTS of scratch unless one
+    # block alone is more (then one, the size of the output: an entry's first k is then searched
+    # over all of k)
+    count = min(WINNER_BLOCKS, -(-kc // _jit().K_BLOCK), base.MATMUL_BLOCK_ELEMENTS // (m * n))
+    getattr(_jit(), f"winners_{add}_{mul}")(_readonly(np.ascontiguousarray(a.reshape((-1, m, kc)))),
+                                            _readonly(np.ascontiguousarray(b.reshape((-1, kc, n)))),
+                                            _readonly(ia), _readonly(ib), zero, value, first,
+                                            np.empty((max(1, count), m, n)))
+    return value.reshape(lead + (m, n)), first.reshape(lead + (m, n))
 
 
 def _first_numpy(a, b, value, mul, zero):

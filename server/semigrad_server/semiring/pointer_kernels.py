@@ -144,15 +144,15 @@ def _from_values(a, b, lead: tuple, addition: str, multiplication: str, zero: fl
     """The winners' triples from a vectorised matmul, when the winner among equal values is the
     first k: the values and each entry's first k that attains its value
     (`kernels.tropical_winners`), then the pointer and partial of that k gathered (from the
-    operands as they are: a lifted weight is not copied). That is the case when one side carries
+    operands as they are, broadcast, not copied). That is the case when one side carries
     no pointers (NONE: a lifted partial) and the other's increase along k (an adjoint's element
     ids, in order), so that among ties the smallest pointer is the first k, and when no product
     can be NaN (which the one-pass kernel skips, and the matmul would keep). None otherwise: the
     one-pass kernel then decides (~0.5 G products a second against ~3)."""
     (va, pa, qa), (vb, pb, qb) = ([np.asarray(c, dtype=np.float64) for c in x] for x in (a, b))
-    if everywhere(pb, NONE) and _increasing(pa, axis=-1):
+    if tropical_kernels.everywhere(pb, NONE) and _increasing(pa, axis=-1):
         carrier = "a"
-    elif everywhere(pa, NONE) and _increasing(pb, axis=-2):
+    elif tropical_kernels.everywhere(pa, NONE) and _increasing(pb, axis=-2):
         carrier = "b"
     else:
         return None
@@ -196,15 +196,7 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
 def _ranks(value, k: int, zero: float) -> int:
     """How many leading ranks of a k-best value can hold anything but 0̄."""
     r = k
-    while r > 1 and everywhere(value[r - 1], zero):
+    while r > 1 and tropical_kernels.everywhere(value[r - 1], zero):
         r -= 1
     return r
 
-
-def everywhere(x, value: float) -> bool:
-    """Whether x is `value` everywhere: one comparison for a value broadcast from one element (a
-    lifted partial's empty ranks), else every element's."""
-    x = np.asarray(x)
-    if x.size and not any(x.strides):
-        return bool(x.flat[0] == value)
-    return bool(np.all(x == value))

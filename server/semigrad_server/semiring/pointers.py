@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pointer_kernels import NONE, everywhere, kbest_pointer_matmul, pointer_matmul
+from .kernels import everywhere
+from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul
 from .base import Semiring
 from .tropical import TropicalSemiring
 
