@@ -10,7 +10,8 @@ import pytest
 
 from semigrad_server.semiring import kernels, pointer_kernels
 
-MULS = {"mul": lambda a, b: a * b, "add": lambda a, b: a + b, "max": max, "min": min}
+MULS = {"mul": lambda a, b: a * b, "add": lambda a, b: a + b,  # ⊗ as the semirings' ufuncs: max and min propagate NaN
+        "max": lambda a, b: float(np.maximum(a, b)), "min": lambda a, b: float(np.minimum(a, b))}
 CASES = [("max", "mul", 0.0), ("max", "add", -np.inf), ("min", "add", np.inf), ("max", "min", 0.0)]
 
 
@@ -141,3 +142,71 @@ def test_batched_adjoints_against_one_shared_weight(order, mul, zero, monkeypatc
         want = sequential((va[t], pa[t], qa[t]), (vb, pb, qb), order, mul, zero)
         for c in range(3):
             np.testing.assert_array_equal(got[c][t], want[c])
+
+
+def kbest_definition(a, b, K, order, mul, zero):
+    """The K best (value, pointer, partial) over k and both operands' ranks, by value in ⊕'s order
+    then the smaller pointer (max of the two), padded with (0̄, -1, 0); NaN products and ranks
+    holding 0̄ are not candidates. Vectorised over every (i, j) at once."""
+    va, pa, qa = (np.stack(a[c * K:(c + 1) * K], -1) for c in range(3))  # (m, kk, K)
+    vb, pb, qb = (np.stack(b[c * K:(c + 1) * K], -1) for c in range(3))
+    ufunc = kernels.UFUNCS[mul]
+    v = ufunc(va[:, None, :, :, None], np.swapaxes(vb, 0, 1)[None, :, :, None, :])  # (m, n, kk, ra, rb)
+    p = np.maximum(pa[:, None, :, :, None], np.swapaxes(pb, 0, 1)[None, :, :, None, :])
+    q = qa[:, None, :, :, None] * np.swapaxes(qb, 0, 1)[None, :, :, None, :]
+    valid = (va != zero)[:, None, :, :, None] & (np.swapaxes(vb, 0, 1) != zero)[None, :, :, None, :] & (v == v)
+    m, n = v.shape[:2]
+    v, p, q, valid = (x.reshape(m, n, -1) for x in (v, p, q, valid))
+    sort_key = np.where(valid, -v if order == "max" else v, np.inf)
+    ranked = np.lexsort((p, sort_key), axis=-1)[..., :K]
+    took = np.take_along_axis(valid, ranked, -1)
+    pick = [np.where(took, np.take_along_axis(x, ranked, -1), fill) for x, fill in ((v, zero), (p, -1.0), (q, 0.0))]
+    pad = K - pick[0].shape[-1]
+    return [np.pad(x, ((0, 0), (0, 0), (0, max(0, pad))), constant_values=fill)
+            for x, fill in zip(pick, (zero, -1.0, 0.0))]
+
+
+# (K, kk): the block-bound kernel's bound needs at least K blocks of k (kk ≥ K); blocks hold
+# one k up to kk = 4K, more past it (pointer_kernels.K_BLOCKS_PER_RANK, K_BLOCK_LENGTH)
+BLOCKINGS = {"fewer k than K": (4, 3), "one k per block": (3, 12), "blocks of several k": (3, 70),
+             "K = 10": (10, 200)}
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("special", [None, np.nan], ids=["plain", "nan"])
+@pytest.mark.parametrize("carriers", ["a", "b", "both"])
+@pytest.mark.parametrize("blocking", list(BLOCKINGS))
+@pytest.mark.parametrize("order,mul,zero", CASES)
+def test_the_k_best_block_bound_gives_the_definitions_k_best(order, mul, zero, blocking, carriers, special):
+    """The K best with ranks and pointers, against the definition, over many ties (small
+    integers), with fewer than K blocks of k (no bound) and more, rows past the 4-row groups
+    and columns past KBEST_J_BLOCK; an operand whose products may be NaN takes the one-pass
+    kernel (same definition), the others the block-bound kernel."""
+    K, kk = BLOCKINGS[blocking]
+    rng = np.random.default_rng(5)
+    m, n = 6, 70
+    worst = zero
+
+    def klist(shape, carries):
+        ranks = K if carries else 1  # a lifted partial: one rank, no pointers
+        v = np.sort(rng.integers(0 if zero == 0.0 else -1, 4, (K,) + shape).astype(float), axis=0)
+        v = v[::-1] if order == "max" else v
+        v[ranks:] = worst
+        cut = rng.integers(1, ranks + 1, shape)  # some elements hold fewer ranks
+        v[np.arange(K)[:, None, None] >= cut] = worst
+        if carries:
+            p = rng.permutation(K * int(np.prod(shape))).reshape((K,) + shape).astype(float)
+        else:
+            p = np.full((K,) + shape, -1.0)
+        return list(v) + list(p) + list(rng.normal(size=(K,) + shape))
+
+    a = klist((m, kk), carriers in ("a", "both"))
+    b = klist((kk, n), carriers in ("b", "both"))
+    if special is not None:
+        b[0][kk // 2, 3] = special
+    before = kernels.calls.get(("kbest_pointer_matmul", "block bound"), 0)
+    out = pointer_kernels.kbest_pointer_matmul(tuple(a), tuple(b), K, order, mul, zero)
+    assert (kernels.calls.get(("kbest_pointer_matmul", "block bound"), 0) > before) == (special is None)
+    want = kbest_definition(a, b, K, order, mul, zero)
+    for c in range(3):
+        np.testing.assert_array_equal(np.stack(out[c * K:(c + 1) * K], -1), want[c], err_msg=f"component {c}")

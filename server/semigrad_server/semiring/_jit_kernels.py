@@ -20,6 +20,7 @@ ADD_MAX, ADD_MIN = 0, 1
 MUL_MUL, MUL_ADD, MUL_MAX, MUL_MIN = 0, 1, 2, 3
 K_BLOCK = 64  # rows of b per panel: they stay in cache while 4 rows of a sweep them
 J_BLOCK = 256  # columns per tile: 4 output rows of it (8 KB) stay in L1, a panel of b (128 KB) in L2
+KBEST_J_BLOCK = 64  # the k-best pointer kernel's tiles: an entry's block bests, read across blocks, stay in L2
 
 
 def _no_nan_extremum(name: str):
@@ -81,8 +82,9 @@ def _accumulate(code, v, acc, nan):
 
 
 @numba.njit(inline="always")
-def _tile(at, bt, ot, j0, j1, k0, k1, add, mul, nan):
-    """ot[i, j] ⊕= ⊕_{k0 ≤ k < k1} at[i, k] ⊗ bt[k, j] for every row i and j0 ≤ j < j1: four rows
+def _tile(at, bt, ot, j0, j1, o0, k0, k1, add, mul, nan):
+    """ot[i, o0 + j - j0] ⊕= ⊕_{k0 ≤ k < k1} at[i, k] ⊗ bt[k, j] for every row i and j0 ≤ j < j1 (o0:
+    where the columns start in ot, j0 when ot is as wide as bt, 0 for a scratch tile): four rows
     of a at a time (each element of b loaded once for four output rows), along contiguous rows of
     b and ot. Rows are slices indexed from 0 (range(w)): indices LLVM knows are not negative, so
     the inner loops vectorise (an index from range(j0, j1) keeps numba's wraparound)."""
@@ -90,7 +92,7 @@ def _tile(at, bt, ot, j0, j1, k0, k1, add, mul, nan):
     w = j1 - j0
     i0 = 0
     while i0 + 4 <= m:
-        r0, r1, r2, r3 = ot[i0, j0:j1], ot[i0 + 1, j0:j1], ot[i0 + 2, j0:j1], ot[i0 + 3, j0:j1]
+        r0, r1, r2, r3 = ot[i0, o0:o0 + w], ot[i0 + 1, o0:o0 + w], ot[i0 + 2, o0:o0 + w], ot[i0 + 3, o0:o0 + w]
         for kk in range(k0, k1):
             x0, x1, x2, x3 = at[i0, kk], at[i0 + 1, kk], at[i0 + 2, kk], at[i0 + 3, kk]
             brow = bt[kk, j0:j1]
@@ -102,7 +104,7 @@ def _tile(at, bt, ot, j0, j1, k0, k1, add, mul, nan):
                 r3[j] = _accumulate(add, _combine(mul, x3, y, nan), r3[j], nan)
         i0 += 4
     for i in range(i0, m):
-        row = ot[i, j0:j1]
+        row = ot[i, o0:o0 + w]
         for kk in range(k0, k1):
             x = at[i, kk]
             brow = bt[kk, j0:j1]
@@ -130,7 +132,7 @@ def _tropical(a, b, ia, ib, zero, out, add, mul, nan):
         for j0 in range(0, n, max(1, jb)):
             j1 = min(n, j0 + jb)
             for k0 in range(0, kc, K_BLOCK):
-                _tile(at, bt, ot, j0, j1, k0, min(kc, k0 + K_BLOCK), add, mul, nan)
+                _tile(at, bt, ot, j0, j1, j0, k0, min(kc, k0 + K_BLOCK), add, mul, nan)
 
 
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
@@ -247,7 +249,7 @@ def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
         for j0 in range(0, n, max(1, jb)):
             j1 = min(n, j0 + jb)
             for blk in range(nb):
-                _tile(at, bt, blocks[blk], j0, j1, blk * kb, min(kc, (blk + 1) * kb), add, mul, False)
+                _tile(at, bt, blocks[blk], j0, j1, j0, blk * kb, min(kc, (blk + 1) * kb), add, mul, False)
         for i in range(m):
             for j in range(n):
                 v = zero
@@ -390,3 +392,160 @@ def kbest(a, b0, bt, ia, ib, blocks, out):
                                 break
                 for r in range(k):
                     out[r, t, i, j] = top[r]
+
+
+@numba.njit(inline="always")
+def _ahead(add, x, y):
+    """x is strictly better than y in ⊕'s order (larger for max, smaller for min)."""
+    if add == ADD_MAX:
+        return x > y
+    return x < y
+
+
+@numba.njit(inline="always")
+def _other(add, x, y):
+    """The worse of x and y in ⊕'s order (no NaN)."""
+    if add == ADD_MAX:
+        return _min_no_nan(x, y)
+    return _max_no_nan(x, y)
+
+
+@numba.njit(inline="always")
+def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, add, mul):
+    """The k best products with back-pointers (`pointer_kernels.kbest_pointer_matmul`), for
+    operands whose products cannot be NaN: ov/op/oq[t, i, j, :] = the K best of
+    va[t, i, kk, p] ⊗ vb[t, j, kk, q] over kk, p, q by value, then pointer max(pa, pb) (smaller
+    first), each with partial qa · qb. Operands: (items, m, kk, ranks) and (items, kk, n, ranks),
+    ranks sorted best first and ended by `zero`; a0 = va[..., 0] and b0 = vb[..., 0], contiguous;
+    `pointers`: bit 1 when a carries pointers, bit 2 when b does (NONE, -1, for a side without);
+    ov/op/oq filled with zero, -1, 0.
+
+    The same candidates in the same order as the one-pass kernel, minus those that cannot enter:
+    1. best[blk, r, j] = the ⊕ of the heads a0 ⊗ b0 over each of `blocks` blocks of kk, four
+       rows of a at a time (`_tile`, vectorised); ⊗ is monotone and ranks are sorted, so a
+       block's best head bounds every product in it.
+    2. bound = the K-th best of an entry's block bests: K products from different kk, so no
+       better than the K-th best value. Blocks strictly worse than the bound, or than the K-th
+       value held so far, are skipped (an equal value may still enter with a smaller pointer).
+    3. In the other blocks every kk is tried as in the one-pass kernel: a product that does not
+       enter ends its row of b's ranks, and when it is b's first, a's ranks too."""
+    items, m, kc, ka = va.shape
+    n, kb = vb.shape[2], vb.shape[3]
+    K = ov.shape[3]
+    length = (kc + blocks - 1) // blocks
+    worst = -np.inf if add == ADD_MAX else np.inf
+    best = np.empty((blocks, 4, KBEST_J_BLOCK))
+    at = np.empty((4, kc))  # four rows of heads (copies: rows past m repeat the last one)
+    chosen = np.empty((K, KBEST_J_BLOCK))
+    for t in range(items):
+        bt = b0[t]
+        for i0 in range(0, m, 4):
+            rows = min(4, m - i0)
+            for r in range(4):
+                at[r] = a0[t, i0 + min(r, rows - 1)]
+            for j0 in range(0, n, KBEST_J_BLOCK):
+                j1 = min(n, j0 + KBEST_J_BLOCK)
+                w = j1 - j0
+                for blk in range(blocks):  # 1.
+                    tile = best[blk]
+                    for r in range(4):
+                        for j in range(w):
+                            tile[r, j] = worst
+                    _tile(at, bt, tile, j0, j1, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False)
+                for r in range(rows):
+                    i = i0 + r
+                    for s in range(K):  # 2. chosen[s, j]: the (s+1)-th best block so far (an insertion network)
+                        for j in range(w):
+                            chosen[s, j] = worst
+                    if blocks >= K:
+                        for blk in range(blocks):
+                            v = best[blk, r]
+                            for s in range(K - 1, 0, -1):
+                                cur = chosen[s]
+                                prev = chosen[s - 1]
+                                for j in range(w):
+                                    cur[j] = _accumulate(add, cur[j], _other(add, prev[j], v[j]), False)
+                            cur = chosen[0]
+                            for j in range(w):
+                                cur[j] = _accumulate(add, cur[j], v[j], False)
+                    bound = chosen[K - 1]
+                    for blk in range(blocks):  # 3. block by block (its panel of b stays in L1), each kk in order
+                        heads = best[blk, r]
+                        for jj in range(w):
+                            head = heads[jj]
+                            if _ahead(add, bound[jj], head):
+                                continue
+                            j = j0 + jj
+                            cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
+                            if _ahead(add, cv[K - 1], head):
+                                continue
+                            for kk in range(blk * length, min(kc, (blk + 1) * length)):
+                                for ra in range(ka):
+                                    x = va[t, i, kk, ra]
+                                    if x == zero:
+                                        break
+                                    worse_head = False
+                                    for rb in range(kb):
+                                        y = vb[t, kk, j, rb]
+                                        if y == zero:
+                                            break
+                                        v = _combine(mul, x, y, False)
+                                        if _ahead(add, bound[jj], v):  # below K products already seen
+                                            worse_head = rb == 0
+                                            break
+                                        p = pa[t, i, kk, ra] if pointers & 1 else -1.0
+                                        if pointers & 2:
+                                            p = max(p, pb[t, kk, j, rb])
+                                        if not (_ahead(add, v, cv[K - 1]) or (v == cv[K - 1] and p < cp[K - 1])):
+                                            if v != cv[K - 1]:
+                                                worse_head = rb == 0
+                                                break
+                                            continue
+                                        q = qa[t, i, kk, ra] * qb[t, kk, j, rb]
+                                        s = K - 1
+                                        while s > 0 and (_ahead(add, v, cv[s - 1]) or (v == cv[s - 1] and p < cp[s - 1])):
+                                            cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
+                                            s -= 1
+                                        cv[s], cp[s], cq[s] = v, p, q
+                                    if worse_head:
+                                        break
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_max_mul(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_max_add(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_max_max(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_max_min(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_min_mul(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_min_add(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_min_max(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN)

@@ -113,7 +113,8 @@ def _disable_numba(error: Exception) -> None:
     _backend = "numpy"
 
 
-def _count(kernel: str, implementation: str) -> None:
+def count(kernel: str, implementation: str) -> None:
+    """One more call of `kernel` run by `implementation` (in `calls`: tests and metrics read it)."""
     key = (kernel, implementation)
     calls[key] = calls.get(key, 0) + 1
 
@@ -146,13 +147,13 @@ def tropical_matmul(a, b, add: str = "max", mul: str = "mul", zero: float | None
     items = math.prod(lead)
     implementation = _choose(backend, items * m * n * kc)
     if kc == 0 or items * m * n == 0:
-        _count("tropical_matmul", implementation)
+        count("tropical_matmul", implementation)
         return np.full(lead + (m, n), zero)
     constant = _constant_operand(a, b, mul)
     if constant is not None:
-        _count("tropical_matmul", "constant operand")
+        count("tropical_matmul", "constant operand")
         return _tropical_constant(a, b, constant, lead, add, mul, zero)
-    _count("tropical_matmul", implementation)
+    count("tropical_matmul", implementation)
     if implementation == "numba":
         try:
             return _tropical_numba(a, b, lead, add, mul, zero)
@@ -276,13 +277,13 @@ def _tropical_numba(a, b, lead, add, mul, zero, flipped=False):
     if not flipped and _transposed_is_better(a, b):
         return np.ascontiguousarray(_t(_tropical_numba(_t(b), _t(a), lead, add, mul, zero, flipped=True)))
     ia, ib = item_indices(a.shape[:-2], b.shape[:-2], lead)
-    a3 = _readonly(np.ascontiguousarray(a.reshape((-1, m, kc))))
-    b3 = _readonly(np.ascontiguousarray(b.reshape((-1, kc, n))))
+    a3 = readonly(np.ascontiguousarray(a.reshape((-1, m, kc))))
+    b3 = readonly(np.ascontiguousarray(b.reshape((-1, kc, n))))
     out = np.empty((ia.size, m, n))
     no_nan = nan_free_products(a3, b3, mul)
-    _count("tropical_matmul operands (numba)", "no NaN possible" if no_nan else "NaN possible")
+    count("tropical_matmul operands (numba)", "no NaN possible" if no_nan else "NaN possible")
     kernel = getattr(_jit(), f"{add}_{mul}_no_nan" if no_nan else f"{add}_{mul}")
-    kernel(a3, b3, _readonly(ia), _readonly(ib), zero, out)
+    kernel(a3, b3, readonly(ia), readonly(ib), zero, out)
     return out.reshape(lead + (m, n))
 
 
@@ -310,7 +311,7 @@ def tropical_winners(a, b, add: str = "max", mul: str = "mul", zero: float | Non
         return None
     items = math.prod(lead)
     implementation = _choose(backend, items * m * n * kc)
-    _count("tropical_winners", implementation)
+    count("tropical_winners", implementation)
     if kc == 0 or items * m * n == 0:
         return np.full(lead + (m, n), zero), np.full(lead + (m, n), -1, dtype=np.int64)
     if implementation == "numba":
@@ -335,11 +336,11 @@ def _winners_numba(a, b, lead, add, mul, zero, flipped=False):
     # the blocks: at most WINNER_BLOCKS, and at most MATMUL_BLOCK_ELEMENTS of scratch unless one
     # block alone is more (then one, the size of the output: an entry's first k is then searched
     # over all of k)
-    count = min(WINNER_BLOCKS, -(-kc // _jit().K_BLOCK), base.MATMUL_BLOCK_ELEMENTS // (m * n))
-    getattr(_jit(), f"winners_{add}_{mul}")(_readonly(np.ascontiguousarray(a.reshape((-1, m, kc)))),
-                                            _readonly(np.ascontiguousarray(b.reshape((-1, kc, n)))),
-                                            _readonly(ia), _readonly(ib), zero, value, first,
-                                            np.empty((max(1, count), m, n)))
+    blocks = min(WINNER_BLOCKS, -(-kc // _jit().K_BLOCK), base.MATMUL_BLOCK_ELEMENTS // (m * n))
+    getattr(_jit(), f"winners_{add}_{mul}")(readonly(np.ascontiguousarray(a.reshape((-1, m, kc)))),
+                                            readonly(np.ascontiguousarray(b.reshape((-1, kc, n)))),
+                                            readonly(ia), readonly(ib), zero, value, first,
+                                            np.empty((max(1, blocks), m, n)))
     return value.reshape(lead + (m, n)), first.reshape(lead + (m, n))
 
 
@@ -406,15 +407,15 @@ def kbest_matmul(a, b, backend: str | None = None) -> list[np.ndarray]:
     items = math.prod(lead)
     implementation = _choose(backend, items * m * n * kc)
     if kc == 0 or items * m * n == 0:
-        _count("kbest_matmul", implementation)
+        count("kbest_matmul", implementation)
         return [np.zeros(lead + (m, n)) for _ in range(k)]
     if k == 1:
         return [tropical_matmul(a[0], b[0], "max", "mul", zero=0.0, backend=implementation)]
     for which, const, other in (("a", a, b), ("b", b, a)):
         if all(_is_constant(c) for c in const):  # one k-best value everywhere (a seed 1̄)
-            _count("kbest_matmul", "constant operand")
+            count("kbest_matmul", "constant operand")
             return _kbest_constant(which, [float(c.flat[0]) for c in const], other, lead, m, n)
-    _count("kbest_matmul", implementation)
+    count("kbest_matmul", implementation)
     la, lb = a[0].shape[:-2], b[0].shape[:-2]
     ia, ib = item_indices(la, lb, lead)
     a_rows = np.stack([x.reshape((-1, m, kc)) for x in a])  # (k, items_a, m, kc)
@@ -422,10 +423,10 @@ def kbest_matmul(a, b, backend: str | None = None) -> list[np.ndarray]:
     out = None
     if implementation == "numba":
         out = np.empty((k, items, m, n))
-        heads = _readonly(np.ascontiguousarray(b[0].reshape((-1, kc, n))))
+        heads = readonly(np.ascontiguousarray(b[0].reshape((-1, kc, n))))
         blocks = min(kc, max(8, 2 * k))
         try:
-            _jit().kbest(_readonly(a_rows), heads, _readonly(b_cols), _readonly(ia), _readonly(ib), blocks, out)
+            _jit().kbest(readonly(a_rows), heads, readonly(b_cols), readonly(ia), readonly(ib), blocks, out)
         except Exception as e:  # the kernel does not compile here: NumPy from now on
             if backend == "numba":
                 raise
@@ -656,7 +657,13 @@ def item_indices(lead_a: tuple, lead_b: tuple, lead: tuple | None = None) -> tup
     return np.ascontiguousarray(ia), np.ascontiguousarray(ib)
 
 
-def _readonly(x: np.ndarray) -> np.ndarray:
+def jit_kernels():
+    """The numba kernels module (`_jit_kernels`), imported and compiled on first use; raises
+    when numba is not installed."""
+    return _jit()
+
+
+def readonly(x: np.ndarray) -> np.ndarray:
     """Kernels always see read-only arrays (numba compiles read-only and writable arrays apart)."""
     view = x.view()
     view.flags.writeable = False

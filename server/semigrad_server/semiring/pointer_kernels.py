@@ -20,6 +20,8 @@ from . import kernels as tropical_kernels
 log = logging.getLogger("semigrad.kernels")
 NONE = -1.0  # the pointer of a value no adjoint reached (constants, lifted partials, 0̄)
 _MULS = {"mul": 0, "add": 1, "max": 2, "min": 3}
+K_BLOCKS_PER_RANK = 4  # the block-bound kernel splits k into at least 4 blocks per best kept...
+K_BLOCK_LENGTH = 16  # ...and into blocks of at most 16 k
 _compiled = None
 _failed = importlib.util.find_spec("numba") is None
 
@@ -33,9 +35,9 @@ def _compile():
             return a * b
         if kind == 1:
             return a + b
-        if kind == 2:
-            return max(a, b)
-        return min(a, b)
+        if kind == 2:  # NaN-propagating, as np.maximum and np.minimum
+            return a if (a > b) | (a != a) else b
+        return a if (a < b) | (a != a) else b
 
     @numba.njit(cache=True, nogil=True)
     def better(v, p, cv, cp, maximise):
@@ -89,10 +91,10 @@ def _compile():
                                 v = product(a, b, kind)
                                 p = max(pa[t, i, k, ra], pb[t, j, k, rb])
                                 if not better(v, p, cv[K - 1], cp[K - 1], maximise):
-                                    if v != cv[K - 1]:
+                                    if v != cv[K - 1] and v == v:  # (a NaN product is no candidate)
                                         # later ranks of b are worse still (sorted, ⊗ monotone); and
                                         # when b's first is, so is every later rank of a with any b
-                                        worse_head = rb == 0 and v == v
+                                        worse_head = rb == 0
                                         break
                                     continue
                                 q = qa[t, i, k, ra] * qb[t, j, k, rb]
@@ -184,13 +186,51 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
     n = np.shape(b[0])[-1]
     lead = tuple(np.broadcast_shapes(np.shape(a[0])[:-2], np.shape(b[0])[:-2]))
     ka, kb = _ranks(a, k, zero), _ranks(b, k, zero)  # a lifted partial has one rank: the others are 0̄
-    stack_a = [np.stack(_flat(a[j * k:j * k + ka], lead, (m, kk)), axis=-1) for j in range(3)]
-    stack_b = [np.ascontiguousarray(np.stack(_flat(b[j * k:j * k + kb], lead, (kk, n)), axis=-1).transpose(0, 2, 1, 3))
-               for j in range(3)]
-    ov, op, oq = kernels[1](*stack_a, *stack_b, k, addition == "max", _MULS[multiplication], float(zero))
+    out = _kbest_blocked(a, b, k, ka, kb, lead, (m, kk, n), addition, multiplication, zero)
+    if out is None:
+        stack_a = [np.stack(_flat(a[j * k:j * k + ka], lead, (m, kk)), axis=-1) for j in range(3)]
+        stack_b = [np.ascontiguousarray(np.stack(_flat(b[j * k:j * k + kb], lead, (kk, n)), axis=-1)
+                                        .transpose(0, 2, 1, 3)) for j in range(3)]
+        out = kernels[1](*stack_a, *stack_b, k, addition == "max", _MULS[multiplication], float(zero))
     shape = lead + (m, n)
-    return (tuple(ov[..., r].reshape(shape) for r in range(k)) + tuple(op[..., r].reshape(shape) for r in range(k))
-            + tuple(oq[..., r].reshape(shape) for r in range(k)))
+    return tuple(c[..., r].reshape(shape) for c in out for r in range(k))
+
+
+def _kbest_blocked(a, b, k, ka, kb, lead, sizes, addition, multiplication, zero):
+    """The block-bound kernel (`_jit_kernels.kbest_pointers_*`), or None when a product may be
+    NaN (its comparisons assume none). A side whose pointers are all NONE (a lifted partial)
+    passes none; b keeps its layout (the kernel reads it along k only in the blocks it scans)."""
+    m, kk, n = sizes
+    pointers, parts = 0, []
+    for bit, x, ranks, tail in ((1, a, ka, (m, kk)), (2, b, kb, (kk, n))):
+        values = _stacked(x[:ranks], lead, tail)
+        if not all(tropical_kernels.everywhere(p, NONE) for p in x[k:k + ranks]):
+            pointers |= bit
+            ptrs = _stacked(x[k:k + ranks], lead, tail)
+        else:
+            ptrs = _NO_POINTERS
+        parts.append((values, ptrs, _stacked(x[2 * k:2 * k + ranks], lead, tail)))
+    (va, pa, qa), (vb, pb, qb) = parts
+    if not tropical_kernels.nan_free_products(va, vb, multiplication):
+        return None
+    tropical_kernels.count("kbest_pointer_matmul", "block bound")
+    shape = (len(va), m, n, k)
+    ov, op, oq = np.full(shape, float(zero)), np.full(shape, NONE), np.zeros(shape)
+    blocks = min(kk, max(K_BLOCKS_PER_RANK * k, -(-kk // K_BLOCK_LENGTH)))
+    kernel = getattr(tropical_kernels.jit_kernels(), f"kbest_pointers_{addition}_{multiplication}")
+    heads = (np.ascontiguousarray(va[..., 0]), np.ascontiguousarray(vb[..., 0]))
+    kernel(*(tropical_kernels.readonly(x) for x in (va, pa, qa, vb, pb, qb, *heads)), float(zero), blocks,
+           pointers, ov, op, oq)
+    return ov, op, oq
+
+
+_NO_POINTERS = np.full((1, 1, 1, 1), NONE)
+
+
+def _stacked(parts, lead, tail):
+    """Ranks stacked last: (items,) + tail + (ranks,), C-contiguous (one rank: a view, no copy)."""
+    flat = _flat(parts, lead, tail)
+    return flat[0][..., None] if len(flat) == 1 else np.stack(flat, axis=-1)
 
 
 def _ranks(value, k: int, zero: float) -> int:
