@@ -210,3 +210,22 @@ def test_the_k_best_block_bound_gives_the_definitions_k_best(order, mul, zero, b
     want = kbest_definition(a, b, K, order, mul, zero)
     for c in range(3):
         np.testing.assert_array_equal(np.stack(out[c * K:(c + 1) * K], -1), want[c], err_msg=f"component {c}")
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("k,candidates", [(1, 1), (3, 3), (3, 7), (10, 20), (10, 100)])
+def test_the_k_best_candidates_are_lexsorts_first_k(k, candidates, sign):
+    """top_candidates against np.lexsort((p, -sign · v)) (stable, NaN last): values with many
+    ties, ±0, ±inf and NaN, pointers with ties too, candidates sorted or not."""
+    rng = np.random.default_rng(6)
+    rows = 400
+    v = rng.choice([0.0, -0.0, 1.0, 2.0, 3.0, np.inf, -np.inf, np.nan], size=(rows, candidates),
+                   p=[.2, .1, .2, .2, .1, .07, .07, .06])
+    v[: rows // 2] = np.sort(v[: rows // 2], axis=-1)[:, ::-1] if sign > 0 else np.sort(v[: rows // 2], axis=-1)
+    p = rng.integers(-1, 4, size=(rows, candidates)).astype(float)
+    q = rng.normal(size=(rows, candidates))
+    got = pointer_kernels.top_candidates(v, p, q, k, sign)
+    order = np.lexsort((p, -sign * v), axis=-1)[:, :k]
+    for g, x in zip(got, (v, p, q)):
+        np.testing.assert_array_equal(g, np.take_along_axis(x, order, -1))

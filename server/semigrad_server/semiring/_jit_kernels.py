@@ -436,16 +436,21 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
     worst = -np.inf if add == ADD_MAX else np.inf
     best = np.empty((blocks, 4, KBEST_J_BLOCK))
     at = np.empty((4, kc))  # four rows of heads (copies: rows past m repeat the last one)
+    heads_b = np.empty((KBEST_J_BLOCK, kc))  # the tile's columns of b0, each contiguous along kk
     chosen = np.empty((K, KBEST_J_BLOCK))
     for t in range(items):
         bt = b0[t]
-        for i0 in range(0, m, 4):
-            rows = min(4, m - i0)
-            for r in range(4):
-                at[r] = a0[t, i0 + min(r, rows - 1)]
-            for j0 in range(0, n, KBEST_J_BLOCK):
-                j1 = min(n, j0 + KBEST_J_BLOCK)
-                w = j1 - j0
+        for j0 in range(0, n, KBEST_J_BLOCK):
+            j1 = min(n, j0 + KBEST_J_BLOCK)
+            w = j1 - j0
+            for kk in range(kc):
+                row = bt[kk]
+                for jj in range(w):
+                    heads_b[jj, kk] = row[j0 + jj]
+            for i0 in range(0, m, 4):
+                rows = min(4, m - i0)
+                for r in range(4):
+                    at[r] = a0[t, i0 + min(r, rows - 1)]
                 for blk in range(blocks):  # 1.
                     tile = best[blk]
                     for r in range(4):
@@ -479,7 +484,10 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
                             cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
                             if _ahead(add, cv[K - 1], head):
                                 continue
+                            heads_a, heads_j, low = at[r], heads_b[jj], bound[jj]
                             for kk in range(blk * length, min(kc, (blk + 1) * length)):
+                                if _ahead(add, low, _combine(mul, heads_a[kk], heads_j[kk], False)):
+                                    continue  # (from copies in cache: most kk end here)
                                 for ra in range(ka):
                                     x = va[t, i, kk, ra]
                                     if x == zero:

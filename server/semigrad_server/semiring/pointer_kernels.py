@@ -107,7 +107,34 @@ def _compile():
                                 break
         return ov, op, oq
 
-    return single, kbest
+    @numba.njit(cache=True, nogil=True)
+    def before(x, y, x2, y2):
+        # (x, y) sorts before (x2, y2) by lexsort's order: x ascending with NaN last, then y
+        if x != x:
+            return x2 != x2 and y < y2
+        if x2 != x2 or x < x2:
+            return True
+        return x == x2 and y < y2
+
+    @numba.njit(cache=True, nogil=True)
+    def top(v, p, q, K, sign, ov, op, oq):
+        # per row: the first K candidates in (-sign·v, p) order, stably (lexsort's first K)
+        rows, C = v.shape
+        for r in range(rows):
+            cv, cp, cq = ov[r], op[r], oq[r]
+            held = 0
+            for c in range(C):
+                x, y = -sign * v[r, c], p[r, c]
+                if held == K and not before(x, y, -sign * cv[K - 1], cp[K - 1]):
+                    continue
+                s = held if held < K else K - 1
+                while s > 0 and before(x, y, -sign * cv[s - 1], cp[s - 1]):
+                    cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
+                    s -= 1
+                cv[s], cp[s], cq[s] = v[r, c], y, q[r, c]
+                held = min(K, held + 1)
+
+    return single, kbest, top
 
 
 def _kernels():
@@ -231,6 +258,21 @@ def _stacked(parts, lead, tail):
     """Ranks stacked last: (items,) + tail + (ranks,), C-contiguous (one rank: a view, no copy)."""
     flat = _flat(parts, lead, tail)
     return flat[0][..., None] if len(flat) == 1 else np.stack(flat, axis=-1)
+
+
+def top_candidates(v, p, q, k: int, sign: float):
+    """The k best candidates on the last axis (at least k of them) of values v, pointers p and
+    partials q: by value (sign 1: larger first, -1: smaller), then pointer, stably, NaN values
+    last: np.lexsort((p, -sign · v))[..., :k]'s picks, by insertion into a sorted list of k
+    (candidates usually arrive nearly sorted: lists being merged). None without numba."""
+    kernels = _kernels()
+    if kernels is None or np.shape(v)[-1] < k:
+        return None
+    shape = np.shape(v)[:-1]
+    rows = [np.ascontiguousarray(x, dtype=np.float64).reshape(-1, np.shape(v)[-1]) for x in (v, p, q)]
+    out = [np.empty((len(rows[0]), k)) for _ in range(3)]
+    kernels[2](*rows, k, float(sign), *out)
+    return tuple(x.reshape(shape + (k,)) for x in out)
 
 
 def _ranks(value, k: int, zero: float) -> int:

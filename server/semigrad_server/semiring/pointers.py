@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels import everywhere
-from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul
+from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul, top_candidates
 from .base import Semiring
 from .tropical import TropicalSemiring
 
@@ -191,6 +191,9 @@ class KBestPointerSemiring(Semiring):
 
     def _top(self, v, p, q):
         """The k best of the candidates on the last axis: by value (⊕'s order), then pointer."""
+        out = top_candidates(v, p, q, self.k, self._sign)
+        if out is not None:
+            return out
         order = np.lexsort((p, -self._sign * v), axis=-1)[..., :self.k]
         return tuple(np.take_along_axis(x, order, axis=-1) for x in (v, p, q))
 
