@@ -134,7 +134,23 @@ def _compile():
                 cv[s], cp[s], cq[s] = v[r, c], y, q[r, c]
                 held = min(K, held + 1)
 
-    return single, kbest, top
+    @numba.njit(cache=True, nogil=True)
+    def gather(first, ptr, qa, qb, ip, ia, ib, a_carries, out_ptr, out_partial):
+        # each entry's pointer and partial at its winning k (first; -1: no winner: NONE, 0)
+        items, m, n = first.shape
+        for t in range(items):
+            pt, at, bt = ptr[ip[t]], qa[ia[t]], qb[ib[t]]
+            for i in range(m):
+                for j in range(n):
+                    k = first[t, i, j]
+                    if k < 0:
+                        out_ptr[t, i, j] = -1.0
+                        out_partial[t, i, j] = 0.0
+                    else:
+                        out_ptr[t, i, j] = pt[i, k] if a_carries else pt[k, j]
+                        out_partial[t, i, j] = at[i, k] * bt[k, j]
+
+    return single, kbest, top, gather
 
 
 def _kernels():
@@ -189,15 +205,21 @@ def _from_values(a, b, lead: tuple, addition: str, multiplication: str, zero: fl
     if winners is None:
         return None
     value, first = winners
-    won = first >= 0  # elsewhere no product beat the start (0̄, no pointer, partial 0)
-    k = np.maximum(first, 0)
-    *outer, rows, columns = np.ix_(*(np.arange(size) for size in value.shape))
-    at_a, at_b = (*outer, rows, k), (*outer, k, columns)
-    (m, kk), n = va.shape[-2:], vb.shape[-1]
-    pointer = (np.broadcast_to(pa, lead + (m, kk))[at_a] if carrier == "a"
-               else np.broadcast_to(pb, lead + (kk, n))[at_b])
-    partial = np.broadcast_to(qa, lead + (m, kk))[at_a] * np.broadcast_to(qb, lead + (kk, n))[at_b]
-    return value, np.where(won, pointer, NONE), np.where(won, partial, 0.0)
+    shape = value.shape
+    items = [_items(x, lead) for x in (pa if carrier == "a" else pb, qa, qb)]
+    pointer, partial = np.empty(shape), np.empty(shape)
+    _kernels()[3](tropical_kernels.readonly(np.ascontiguousarray(first.reshape((-1,) + shape[-2:]))),
+                  *(tropical_kernels.readonly(x) for x, _ in items), *(tropical_kernels.readonly(i) for _, i in items),
+                  carrier == "a", pointer.reshape((-1,) + shape[-2:]), partial.reshape((-1,) + shape[-2:]))
+    return value, pointer, partial
+
+
+def _items(x: np.ndarray, lead: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """x (..., r, c) as C-contiguous items (-1, r, c) and, for each item of the broadcast `lead`,
+    the index of the item of x it reads (`kernels.item_indices`: x's leading axes are not copied
+    out to `lead`)."""
+    items = np.ascontiguousarray(x).reshape((-1,) + x.shape[-2:])
+    return items, tropical_kernels.item_indices(x.shape[:-2], lead, lead)[0]
 
 
 def _increasing(x: np.ndarray, axis: int) -> bool:
