@@ -21,13 +21,14 @@ from typing import Sequence
 import numpy as np
 
 from .. import ir
-from ..deadline import check, checking
+from ..deadline import check
 from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..runtime.outputs import OutputKey
 from ..semiring.pointers import OUTPUT
 from .reverse import BackwardGraph
 
 STEPS_BETWEEN_CHECKS = 1 << 16  # path steps appended between two deadline checks (~20 ms)
+STARTS_BETWEEN_CHECKS = 1 << 14  # paths made between two deadline checks
 
 ALL = "all"  # best_path="all": every element of every differentiated input
 MAX_TOP_PATHS = 64  # top_paths=k: at most this k (the k-best carrier holds 3k arrays per value)
@@ -119,17 +120,28 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -
     paths: list = [None] * sum(len(g[3]) for g in groups)
     zero = s.base.zeros(())
     for x, b, e, positions in groups:
-        mine = [BestPathResult(x, index) for index in checking(walker.full_indices(x, b, e), "tracing best paths")]
-        for position, p in zip(positions.tolist(), mine):
-            paths[position] = p
+        check("tracing best paths")
+        indices = walker.full_indices(x, b, e)
         if backward.gradients.get(x) is None:
-            for p in mine:
-                p.value = {key: float(v) for key, v in s.base.read(zero).items()}
+            nothing = {key: float(v) for key, v in s.base.read(zero).items()}
+            for position, index in zip(positions.tolist(), indices):
+                paths[position] = BestPathResult(x, index, "", [], dict(nothing))
             continue
         value, ptr, partial = walker.read(results[OutputKey.gradient(x)], x, b, e)
-        for key, arr in s.base.read(value).items():
-            for p, v in checking(zip(mine, np.asarray(arr).tolist()), "tracing best paths"):
-                p.value[key] = float(v)
+        read = {key: np.asarray(arr, dtype=np.float64).reshape(-1).tolist() for key, arr in s.base.read(value).items()}
+        if len(read) == 1:
+            (key, column), = read.items()
+            values = [{key: v} for v in column]
+        else:
+            values = [dict(zip(read, row)) for row in zip(*read.values())]
+        mine = []
+        for start in range(0, len(indices), STARTS_BETWEEN_CHECKS):  # one call per path, no default factories
+            stop = start + STARTS_BETWEEN_CHECKS
+            mine += map(BestPathResult, repeat(x), indices[start:stop], repeat(""), ([] for _ in range(start, stop)),
+                        values[start:stop])
+            check("tracing best paths")
+        for position, p in zip(positions.tolist(), mine):
+            paths[position] = p
         alive = ~np.asarray(s.base.equal(value, zero, rtol=0, atol=0)) & (ptr >= 0)
         here = np.nonzero(alive)[0]
         walker.follow([mine[i] for i in here.tolist()], b[here], ptr[here], partial[here])
