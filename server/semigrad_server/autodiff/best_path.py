@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import ir
+from .. import collector, ir
 from ..deadline import check
 from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..runtime.outputs import OutputKey
@@ -115,6 +115,11 @@ def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[s
 def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
     """The best path from each requested start, in request order (`s`: the PointerSemiring the
     plan ran under; `results`: the plan's, with every node's adjoint under OutputKey.adjoint)."""
+    with collector.paused():  # a path and a tuple per step: no cycles to collect
+        return _trace_best_paths(cg, backward, s, results, batch, requests)
+
+
+def _trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
     walker = _Walker(cg, backward, s, results, batch, 1)
     groups = start_elements(cg, backward, batch, requests)
     paths: list = [None] * sum(len(g[3]) for g in groups)
