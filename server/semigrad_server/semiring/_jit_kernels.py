@@ -411,6 +411,62 @@ def _other(add, x, y):
 
 
 @numba.njit(inline="always")
+def _offer(va, pa, qa, vb, pb, qb, t, i, j, kk, zero, pointers, bound, cv, cp, cq, add, mul, nan):
+    """Offer entry (t, i, j)'s products at kk, over both operands' ranks, to its K best so far
+    (cv, cp, cq: values, pointers, partials, best first; a product enters when better, or equal
+    with a smaller pointer). Ranks are sorted best first and end at `zero`, and ⊗ is monotone:
+    a product that does not enter (or is worse than `bound`) ends its row of b's ranks, and when
+    it is b's first, a's ranks too. A NaN product is no candidate."""
+    K = cv.shape[0]
+    for ra in range(va.shape[3]):
+        x = va[t, i, kk, ra]
+        if x == zero:
+            break
+        worse_head = False
+        for rb in range(vb.shape[3]):
+            y = vb[t, kk, j, rb]
+            if y == zero:
+                break
+            v = _combine(mul, x, y, nan)
+            if nan and v != v:
+                continue
+            if _ahead(add, bound, v):
+                worse_head = rb == 0
+                break
+            p = pa[t, i, kk, ra] if pointers & 1 else -1.0
+            if pointers & 2:
+                p = max(p, pb[t, kk, j, rb])
+            if not (_ahead(add, v, cv[K - 1]) or (v == cv[K - 1] and p < cp[K - 1])):
+                if v != cv[K - 1]:
+                    worse_head = rb == 0
+                    break
+                continue
+            q = qa[t, i, kk, ra] * qb[t, kk, j, rb]
+            s = K - 1
+            while s > 0 and (_ahead(add, v, cv[s - 1]) or (v == cv[s - 1] and p < cp[s - 1])):
+                cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
+                s -= 1
+            cv[s], cp[s], cq[s] = v, p, q
+        if worse_head:
+            break
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_any(va, pa, qa, vb, pb, qb, zero, pointers, add, mul, ov, op, oq):
+    """The one-pass form of `_kbest_pointers` for any operands (NaN products are skipped): every
+    kk of every entry offered in order; ⊕ and ⊗ codes given at run time."""
+    items, m, kc, ka = va.shape
+    n = vb.shape[2]
+    worst = -np.inf if add == ADD_MAX else np.inf
+    for t in range(items):
+        for i in range(m):
+            for j in range(n):
+                cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
+                for kk in range(kc):
+                    _offer(va, pa, qa, vb, pb, qb, t, i, j, kk, zero, pointers, worst, cv, cp, cq, add, mul, True)
+
+
+@numba.njit(inline="always")
 def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, add, mul):
     """The k best products with back-pointers (`pointer_kernels.kbest_pointer_matmul`), for
     operands whose products cannot be NaN: ov/op/oq[t, i, j, :] = the K best of
@@ -427,8 +483,8 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
     2. bound = the K-th best of an entry's block bests: K products from different kk, so no
        better than the K-th best value. Blocks strictly worse than the bound, or than the K-th
        value held so far, are skipped (an equal value may still enter with a smaller pointer).
-    3. In the other blocks every kk is tried as in the one-pass kernel: a product that does not
-       enter ends its row of b's ranks, and when it is b's first, a's ranks too."""
+    3. In the other blocks each kk whose head reaches the bound is offered (`_offer`), as the
+       one-pass form (`kbest_pointers_any`) offers every kk."""
     items, m, kc, ka = va.shape
     n, kb = vb.shape[2], vb.shape[3]
     K = ov.shape[3]
@@ -488,35 +544,8 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
                             for kk in range(blk * length, min(kc, (blk + 1) * length)):
                                 if _ahead(add, low, _combine(mul, heads_a[kk], heads_j[kk], False)):
                                     continue  # (from copies in cache: most kk end here)
-                                for ra in range(ka):
-                                    x = va[t, i, kk, ra]
-                                    if x == zero:
-                                        break
-                                    worse_head = False
-                                    for rb in range(kb):
-                                        y = vb[t, kk, j, rb]
-                                        if y == zero:
-                                            break
-                                        v = _combine(mul, x, y, False)
-                                        if _ahead(add, bound[jj], v):  # below K products already seen
-                                            worse_head = rb == 0
-                                            break
-                                        p = pa[t, i, kk, ra] if pointers & 1 else -1.0
-                                        if pointers & 2:
-                                            p = max(p, pb[t, kk, j, rb])
-                                        if not (_ahead(add, v, cv[K - 1]) or (v == cv[K - 1] and p < cp[K - 1])):
-                                            if v != cv[K - 1]:
-                                                worse_head = rb == 0
-                                                break
-                                            continue
-                                        q = qa[t, i, kk, ra] * qb[t, kk, j, rb]
-                                        s = K - 1
-                                        while s > 0 and (_ahead(add, v, cv[s - 1]) or (v == cv[s - 1] and p < cp[s - 1])):
-                                            cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
-                                            s -= 1
-                                        cv[s], cp[s], cq[s] = v, p, q
-                                    if worse_head:
-                                        break
+                                _offer(va, pa, qa, vb, pb, qb, t, i, j, kk, zero, pointers, low, cv, cp, cq, add, mul,
+                                       False)
 
 
 @numba.njit(**_OPTIONS)

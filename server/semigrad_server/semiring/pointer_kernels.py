@@ -3,9 +3,11 @@
 `pointer_matmul`: out[i, j] = the best over k of a[i, k] ⊗ b[k, j] with its pointer (the
 larger of the two operands' pointers: only one side carries one) and partial (the product of
 the two partials); ties to the smaller pointer. `kbest_pointer_matmul`: the K best such
-products over k and the ranks of both operands, best first. Both return None when numba is
-not installed (or fails to compile): the callers then use their NumPy forms, which give the
-same winners (both select among the same exactly computed products).
+products over k and the ranks of both operands, best first (its loops in `_jit_kernels`,
+beside the tropical kernels whose tiles they share); `top_candidates`: the k best of each
+element's candidates. All return None when numba is not installed (or fails to compile): the
+callers then use their NumPy forms, which give the same winners (both select among the same
+exactly computed products).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from . import kernels as tropical_kernels
 
 log = logging.getLogger("semigrad.kernels")
 NONE = -1.0  # the pointer of a value no adjoint reached (constants, lifted partials, 0̄)
-_MULS = {"mul": 0, "add": 1, "max": 2, "min": 3}
+_MULS = {"mul": 0, "add": 1, "max": 2, "min": 3}  # the codes of _jit_kernels (MUL_*, ADD_*)
+_ADDS = {"max": 0, "min": 1}
 K_BLOCKS_PER_RANK = 4  # the block-bound kernel splits k into at least 4 blocks per best kept...
 K_BLOCK_LENGTH = 16  # ...and into blocks of at most 16 k
 _compiled = None
@@ -66,48 +69,6 @@ def _compile():
         return ov, op, oq
 
     @numba.njit(cache=True, nogil=True)
-    def kbest(va, pa, qa, vb, pb, qb, K, maximise, kind, zero):
-        # va: (lead, m, kk, ka ranks); vb: (lead, n, kk, kb ranks) (b transposed); out (lead, m, n, K)
-        lead, m, kk, ka = va.shape
-        kb = vb.shape[3]
-        n = vb.shape[1]
-        ov = np.full((lead, m, n, K), zero)
-        op = np.full((lead, m, n, K), -1.0)
-        oq = np.zeros((lead, m, n, K))
-        for t in range(lead):
-            for i in range(m):
-                for j in range(n):
-                    cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
-                    for k in range(kk):
-                        for ra in range(ka):
-                            a = va[t, i, k, ra]
-                            if a == zero:
-                                break
-                            worse_head = False
-                            for rb in range(kb):
-                                b = vb[t, j, k, rb]
-                                if b == zero:
-                                    break
-                                v = product(a, b, kind)
-                                p = max(pa[t, i, k, ra], pb[t, j, k, rb])
-                                if not better(v, p, cv[K - 1], cp[K - 1], maximise):
-                                    if v != cv[K - 1] and v == v:  # (a NaN product is no candidate)
-                                        # later ranks of b are worse still (sorted, ⊗ monotone); and
-                                        # when b's first is, so is every later rank of a with any b
-                                        worse_head = rb == 0
-                                        break
-                                    continue
-                                q = qa[t, i, k, ra] * qb[t, j, k, rb]
-                                r = K - 1
-                                while r > 0 and better(v, p, cv[r - 1], cp[r - 1], maximise):
-                                    cv[r], cp[r], cq[r] = cv[r - 1], cp[r - 1], cq[r - 1]
-                                    r -= 1
-                                cv[r], cp[r], cq[r] = v, p, q
-                            if worse_head:
-                                break
-        return ov, op, oq
-
-    @numba.njit(cache=True, nogil=True)
     def before(x, y, x2, y2):
         # (x, y) sorts before (x2, y2) by lexsort's order: x ascending with NaN last, then y
         if x != x:
@@ -150,7 +111,7 @@ def _compile():
                         out_ptr[t, i, j] = pt[i, k] if a_carries else pt[k, j]
                         out_partial[t, i, j] = at[i, k] * bt[k, j]
 
-    return single, kbest, top, gather
+    return single, top, gather
 
 
 def _kernels():
@@ -208,7 +169,7 @@ def _from_values(a, b, lead: tuple, addition: str, multiplication: str, zero: fl
     shape = value.shape
     items = [_items(x, lead) for x in (pa if carrier == "a" else pb, qa, qb)]
     pointer, partial = np.empty(shape), np.empty(shape)
-    _kernels()[3](tropical_kernels.readonly(np.ascontiguousarray(first.reshape((-1,) + shape[-2:]))),
+    _kernels()[2](tropical_kernels.readonly(np.ascontiguousarray(first.reshape((-1,) + shape[-2:]))),
                   *(tropical_kernels.readonly(x) for x, _ in items), *(tropical_kernels.readonly(i) for _, i in items),
                   carrier == "a", pointer.reshape((-1,) + shape[-2:]), partial.reshape((-1,) + shape[-2:]))
     return value, pointer, partial
@@ -227,31 +188,20 @@ def _increasing(x: np.ndarray, axis: int) -> bool:
 
 
 def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero: float):
-    """3k-array k-best values (value ranks, pointer ranks, partial ranks): the K best, or None."""
-    kernels = _kernels()
-    if kernels is None:
+    """3k-array k-best values (value ranks, pointer ranks, partial ranks): the K best, or None.
+
+    Operands whose products cannot be NaN take the block-bound kernel
+    (`_jit_kernels.kbest_pointers_{⊕}_{⊗}`), the others the one-pass form
+    (`kbest_pointers_any`); both offer each k with `_jit_kernels._offer`. A side whose pointers
+    are all NONE (a lifted partial) passes none; b keeps its layout."""
+    if _kernels() is None:
         return None
     m, kk = np.shape(a[0])[-2:]
     n = np.shape(b[0])[-1]
     lead = tuple(np.broadcast_shapes(np.shape(a[0])[:-2], np.shape(b[0])[:-2]))
-    ka, kb = _ranks(a, k, zero), _ranks(b, k, zero)  # a lifted partial has one rank: the others are 0̄
-    out = _kbest_blocked(a, b, k, ka, kb, lead, (m, kk, n), addition, multiplication, zero)
-    if out is None:
-        stack_a = [np.stack(_flat(a[j * k:j * k + ka], lead, (m, kk)), axis=-1) for j in range(3)]
-        stack_b = [np.ascontiguousarray(np.stack(_flat(b[j * k:j * k + kb], lead, (kk, n)), axis=-1)
-                                        .transpose(0, 2, 1, 3)) for j in range(3)]
-        out = kernels[1](*stack_a, *stack_b, k, addition == "max", _MULS[multiplication], float(zero))
-    shape = lead + (m, n)
-    return tuple(c[..., r].reshape(shape) for c in out for r in range(k))
-
-
-def _kbest_blocked(a, b, k, ka, kb, lead, sizes, addition, multiplication, zero):
-    """The block-bound kernel (`_jit_kernels.kbest_pointers_*`), or None when a product may be
-    NaN (its comparisons assume none). A side whose pointers are all NONE (a lifted partial)
-    passes none; b keeps its layout (the kernel reads it along k only in the blocks it scans)."""
-    m, kk, n = sizes
     pointers, parts = 0, []
-    for bit, x, ranks, tail in ((1, a, ka, (m, kk)), (2, b, kb, (kk, n))):
+    for bit, x, tail in ((1, a, (m, kk)), (2, b, (kk, n))):
+        ranks = _ranks(x, k, zero)  # a lifted partial has one rank: the others are 0̄
         values = _stacked(x[:ranks], lead, tail)
         if not all(tropical_kernels.everywhere(p, NONE) for p in x[k:k + ranks]):
             pointers |= bit
@@ -260,17 +210,21 @@ def _kbest_blocked(a, b, k, ka, kb, lead, sizes, addition, multiplication, zero)
             ptrs = _NO_POINTERS
         parts.append((values, ptrs, _stacked(x[2 * k:2 * k + ranks], lead, tail)))
     (va, pa, qa), (vb, pb, qb) = parts
-    if not tropical_kernels.nan_free_products(va, vb, multiplication):
-        return None
-    tropical_kernels.count("kbest_pointer_matmul", "block bound")
     shape = (len(va), m, n, k)
     ov, op, oq = np.full(shape, float(zero)), np.full(shape, NONE), np.zeros(shape)
-    blocks = min(kk, max(K_BLOCKS_PER_RANK * k, -(-kk // K_BLOCK_LENGTH)))
-    kernel = getattr(tropical_kernels.jit_kernels(), f"kbest_pointers_{addition}_{multiplication}")
-    heads = (np.ascontiguousarray(va[..., 0]), np.ascontiguousarray(vb[..., 0]))
-    kernel(*(tropical_kernels.readonly(x) for x in (va, pa, qa, vb, pb, qb, *heads)), float(zero), blocks,
-           pointers, ov, op, oq)
-    return ov, op, oq
+    jit = tropical_kernels.jit_kernels()
+    operands = [tropical_kernels.readonly(x) for x in (va, pa, qa, vb, pb, qb)]
+    if tropical_kernels.nan_free_products(va, vb, multiplication):
+        tropical_kernels.count("kbest_pointer_matmul", "block bound")
+        blocks = min(kk, max(K_BLOCKS_PER_RANK * k, -(-kk // K_BLOCK_LENGTH)))
+        heads = (np.ascontiguousarray(va[..., 0]), np.ascontiguousarray(vb[..., 0]))
+        getattr(jit, f"kbest_pointers_{addition}_{multiplication}")(
+            *operands, *(tropical_kernels.readonly(x) for x in heads), float(zero), blocks, pointers, ov, op, oq)
+    else:
+        tropical_kernels.count("kbest_pointer_matmul", "one pass")
+        jit.kbest_pointers_any(*operands, float(zero), pointers, _ADDS[addition], _MULS[multiplication], ov, op, oq)
+    out = (ov, op, oq)
+    return tuple(c[..., r].reshape(lead + (m, n)) for c in out for r in range(k))
 
 
 _NO_POINTERS = np.full((1, 1, 1, 1), NONE)
@@ -293,7 +247,7 @@ def top_candidates(v, p, q, k: int, sign: float):
     shape = np.shape(v)[:-1]
     rows = [np.ascontiguousarray(x, dtype=np.float64).reshape(-1, np.shape(v)[-1]) for x in (v, p, q)]
     out = [np.empty((len(rows[0]), k)) for _ in range(3)]
-    kernels[2](*rows, k, float(sign), *out)
+    kernels[1](*rows, k, float(sign), *out)
     return tuple(x.reshape(shape + (k,)) for x in out)
 
 
