@@ -411,8 +411,8 @@ def _other(add, x, y):
 
 
 @numba.njit(inline="always")
-def _offer(va, pa, qa, vb, pb, qb, t, i, j, kk, zero, pointers, bound, cv, cp, cq, add, mul, nan):
-    """Offer entry (t, i, j)'s products at kk, over both operands' ranks, to its K best so far
+def _offer(va, pa, qa, vb, pb, qb, t, i, tb, j, kk, zero, pointers, bound, cv, cp, cq, add, mul, nan):
+    """Offer the products a[t, i, kk] ⊗ b[tb, kk, j] over both operands' ranks to an entry's K best so far
     (cv, cp, cq: values, pointers, partials, best first; a product enters when better, or equal
     with a smaller pointer). Ranks are sorted best first and end at `zero`, and ⊗ is monotone:
     a product that does not enter (or is worse than `bound`) ends its row of b's ranks, and when
@@ -424,7 +424,7 @@ def _offer(va, pa, qa, vb, pb, qb, t, i, j, kk, zero, pointers, bound, cv, cp, c
             break
         worse_head = False
         for rb in range(vb.shape[3]):
-            y = vb[t, kk, j, rb]
+            y = vb[tb, kk, j, rb]
             if y == zero:
                 break
             v = _combine(mul, x, y, nan)
@@ -435,13 +435,13 @@ def _offer(va, pa, qa, vb, pb, qb, t, i, j, kk, zero, pointers, bound, cv, cp, c
                 break
             p = pa[t, i, kk, ra] if pointers & 1 else -1.0
             if pointers & 2:
-                p = max(p, pb[t, kk, j, rb])
+                p = max(p, pb[tb, kk, j, rb])
             if not (_ahead(add, v, cv[K - 1]) or (v == cv[K - 1] and p < cp[K - 1])):
                 if v != cv[K - 1]:
                     worse_head = rb == 0
                     break
                 continue
-            q = qa[t, i, kk, ra] * qb[t, kk, j, rb]
+            q = qa[t, i, kk, ra] * qb[tb, kk, j, rb]
             s = K - 1
             while s > 0 and (_ahead(add, v, cv[s - 1]) or (v == cv[s - 1] and p < cp[s - 1])):
                 cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
@@ -463,7 +463,7 @@ def kbest_pointers_any(va, pa, qa, vb, pb, qb, zero, pointers, add, mul, ov, op,
             for j in range(n):
                 cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
                 for kk in range(kc):
-                    _offer(va, pa, qa, vb, pb, qb, t, i, j, kk, zero, pointers, worst, cv, cp, cq, add, mul, True)
+                    _offer(va, pa, qa, vb, pb, qb, t, i, t, j, kk, zero, pointers, worst, cv, cp, cq, add, mul, True)
 
 
 @numba.njit(inline="always")
@@ -493,16 +493,27 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
     best = np.empty((blocks, 4, KBEST_J_BLOCK))
     at = np.empty((4, kc))  # four rows of heads (copies: rows past m repeat the last one)
     heads_b = np.empty((KBEST_J_BLOCK, kc))  # the tile's columns of b0, each contiguous along kk
+    # the tile's columns of b (all ranks; pointers only when b has them), compact: what the
+    # offers read stays in cache instead of striding over all of b's columns
+    width = min(n, KBEST_J_BLOCK)
+    tile_h, tile_v, tile_q = np.empty(kc * width), np.empty(kc * width * kb), np.empty(kc * width * kb)
+    tile_p = np.empty(kc * width * kb if pointers & 2 else 1)
     chosen = np.empty((K, KBEST_J_BLOCK))
     for t in range(items):
-        bt = b0[t]
         for j0 in range(0, n, KBEST_J_BLOCK):
             j1 = min(n, j0 + KBEST_J_BLOCK)
             w = j1 - j0
+            vt, qt = tile_v[:kc * w * kb].reshape((1, kc, w, kb)), tile_q[:kc * w * kb].reshape((1, kc, w, kb))
+            pt = tile_p[:kc * w * kb].reshape((1, kc, w, kb)) if pointers & 2 else tile_p.reshape((1, 1, 1, 1))
+            bt = tile_h[:kc * w].reshape((kc, w))  # b0's tile for step 1
             for kk in range(kc):
-                row = bt[kk]
                 for jj in range(w):
-                    heads_b[jj, kk] = row[j0 + jj]
+                    heads_b[jj, kk] = bt[kk, jj] = b0[t, kk, j0 + jj]
+                    for rb in range(kb):
+                        vt[0, kk, jj, rb] = vb[t, kk, j0 + jj, rb]
+                        qt[0, kk, jj, rb] = qb[t, kk, j0 + jj, rb]
+                        if pointers & 2:
+                            pt[0, kk, jj, rb] = pb[t, kk, j0 + jj, rb]
             for i0 in range(0, m, 4):
                 rows = min(4, m - i0)
                 for r in range(4):
@@ -512,7 +523,7 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
                     for r in range(4):
                         for j in range(w):
                             tile[r, j] = worst
-                    _tile(at, bt, tile, j0, j1, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False)
+                    _tile(at, bt, tile, 0, w, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False)
                 for r in range(rows):
                     i = i0 + r
                     for s in range(K):  # 2. chosen[s, j]: the (s+1)-th best block so far (an insertion network)
@@ -544,8 +555,8 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
                             for kk in range(blk * length, min(kc, (blk + 1) * length)):
                                 if _ahead(add, low, _combine(mul, heads_a[kk], heads_j[kk], False)):
                                     continue  # (from copies in cache: most kk end here)
-                                _offer(va, pa, qa, vb, pb, qb, t, i, j, kk, zero, pointers, low, cv, cp, cq, add, mul,
-                                       False)
+                                _offer(va, pa, qa, vt, pt, qt, t, i, 0, jj, kk, zero, pointers, low, cv, cp, cq, add,
+                                       mul, False)
 
 
 @numba.njit(**_OPTIONS)
