@@ -73,8 +73,11 @@ def readonly(a: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def _jitted(fn):
-    """An op's float function for numba: math's functions as they are, ours compiled once per process."""
-    return fn if fn is abs or getattr(fn, "__module__", "") == "math" else numba.njit(fn)
+    """An op's float function for numba: math's functions and those numba compiled already (tanh's)
+    as they are, ours compiled once per process."""
+    if fn is abs or getattr(fn, "__module__", "") == "math" or isinstance(fn, numba.core.dispatcher.Dispatcher):
+        return fn
+    return numba.njit(fn)
 
 
 def refusal(ops) -> str | None:
