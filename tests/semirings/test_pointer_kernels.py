@@ -172,28 +172,19 @@ BLOCKINGS = {"fewer k than K": (4, 3), "one k per block": (3, 12), "blocks of se
              "K = 10": (10, 200)}
 
 
-@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
-@pytest.mark.parametrize("special", [None, np.nan], ids=["plain", "nan"])
-@pytest.mark.parametrize("carriers", ["a", "b", "both"])
-@pytest.mark.parametrize("blocking", list(BLOCKINGS))
-@pytest.mark.parametrize("order,mul,zero", CASES)
-def test_the_k_best_block_bound_gives_the_definitions_k_best(order, mul, zero, blocking, carriers, special):
-    """The K best with ranks and pointers, against the definition, over many ties (small
-    integers), with fewer than K blocks of k (no bound) and more, rows past the 4-row groups
-    and columns past KBEST_J_BLOCK; an operand whose products may be NaN takes the one-pass
-    kernel (same definition), the others the block-bound kernel."""
-    K, kk = BLOCKINGS[blocking]
-    rng = np.random.default_rng(5)
+def kbest_case(order, mul, zero, K, kk, carriers, special, seed=5):
+    """Operands with many ties (small integers), some elements holding fewer ranks, rows past the
+    4-row groups and columns past KBEST_J_BLOCK (m 6, n 70); `special` written into b."""
+    rng = np.random.default_rng(seed)
     m, n = 6, 70
-    worst = zero
 
     def klist(shape, carries):
         ranks = K if carries else 1  # a lifted partial: one rank, no pointers
         v = np.sort(rng.integers(0 if zero == 0.0 else -1, 4, (K,) + shape).astype(float), axis=0)
         v = v[::-1] if order == "max" else v
-        v[ranks:] = worst
+        v[ranks:] = zero
         cut = rng.integers(1, ranks + 1, shape)  # some elements hold fewer ranks
-        v[np.arange(K)[:, None, None] >= cut] = worst
+        v[np.arange(K)[:, None, None] >= cut] = zero
         if carries:
             p = rng.permutation(K * int(np.prod(shape))).reshape((K,) + shape).astype(float)
         else:
@@ -204,12 +195,39 @@ def test_the_k_best_block_bound_gives_the_definitions_k_best(order, mul, zero, b
     b = klist((kk, n), carriers in ("b", "both"))
     if special is not None:
         b[0][kk // 2, 3] = special
-    before = kernels.calls.get(("kbest_pointer_matmul", "block bound"), 0)
+    return a, b
+
+
+def check_kbest(order, mul, zero, K, kk, carriers, special, kernel):
+    a, b = kbest_case(order, mul, zero, K, kk, carriers, special)
+    before = kernels.calls.get(("kbest_pointer_matmul", kernel), 0)
     out = pointer_kernels.kbest_pointer_matmul(tuple(a), tuple(b), K, order, mul, zero)
-    assert (kernels.calls.get(("kbest_pointer_matmul", "block bound"), 0) > before) == (special is None)
+    assert kernels.calls.get(("kbest_pointer_matmul", kernel), 0) == before + 1
     want = kbest_definition(a, b, K, order, mul, zero)
     for c in range(3):
         np.testing.assert_array_equal(np.stack(out[c * K:(c + 1) * K], -1), want[c], err_msg=f"component {c}")
+
+
+# The block-bound kernel is one generic loop compiled per (⊕, ⊗) (~15 s each, cold): both
+# orders, both kinds of 0̄ and two ⊗ here; the tropical kernels' tests cover every ⊗ of the loop
+# they share (_tile, _combine).
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("carriers", ["a", "b", "both"])
+@pytest.mark.parametrize("blocking", list(BLOCKINGS))
+@pytest.mark.parametrize("order,mul,zero", [CASES[0], CASES[2]])
+def test_the_k_best_block_bound_gives_the_definitions_k_best(order, mul, zero, blocking, carriers):
+    """The K best with ranks and pointers, against the definition, with fewer than K blocks of
+    k (no bound) and more, one k per block and several."""
+    check_kbest(order, mul, zero, *BLOCKINGS[blocking], carriers, None, "block bound")
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("carriers", ["a", "b", "both"])
+@pytest.mark.parametrize("order,mul,zero", CASES)
+def test_operands_that_may_make_nan_take_the_one_pass_form(order, mul, zero, carriers):
+    """An operand holding NaN: every k offered (the NaN product is no candidate, later ranks
+    still are), the definition's K best."""
+    check_kbest(order, mul, zero, *BLOCKINGS["blocks of several k"], carriers, np.nan, "one pass")
 
 
 @pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")

@@ -136,14 +136,17 @@ except ImportError:  # pragma: no cover - depends on the environment
 if numba is not None:
     _select_jit = numba.njit(inline="always")(_select)
     _whole_jit = numba.njit(inline="always")(_whole)
-    # Compiled lazily (the first call), cached on disk by numba for later processes.
-    tanh_float = numba.njit(error_model="numpy", inline="always", cache=True)(
+    # Compiled lazily (the first call), cached on disk by numba for later processes. Inlined into
+    # the array loop (SIMD); called, not inlined, by the JIT's programs: inlined, its body added
+    # ~8 s to the compile of every program holding a tanh.
+    _tanh_inlined = numba.njit(error_model="numpy", inline="always", cache=True)(
         _rebound(_select=_select_jit, _whole=_whole_jit))
+    tanh_float = numba.njit(error_model="numpy", cache=True)(_rebound(_select=_select_jit, _whole=_whole_jit))
 
     @numba.njit(error_model="numpy", cache=True)
     def _tanh_loop(x, out):  # 1-D contiguous float64 arrays: one SIMD loop
         for i in range(x.size):
-            out[i] = tanh_float(x[i])
+            out[i] = _tanh_inlined(x[i])
 else:  # pragma: no cover - depends on the environment
     # Without numba this algorithm would run as ~40 Python float operations a call (a scalar
     # program's tanh 30x slower than math's) or ~40 NumPy passes: libm's and NumPy's tanh then,

@@ -470,13 +470,14 @@ def kbest_pointers_any(va, pa, qa, vb, pb, qb, zero, pointers, add, mul, ov, op,
 def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, add, mul):
     """The k best products with back-pointers (`pointer_kernels.kbest_pointer_matmul`), for
     operands whose products cannot be NaN: ov/op/oq[t, i, j, :] = the K best of
-    va[t, i, kk, p] ⊗ vb[t, j, kk, q] over kk, p, q by value, then pointer max(pa, pb) (smaller
+    va[t, i, kk, p] ⊗ vb[t, kk, j, q] over kk, p, q by value, then pointer max(pa, pb) (smaller
     first), each with partial qa · qb. Operands: (items, m, kk, ranks) and (items, kk, n, ranks),
     ranks sorted best first and ended by `zero`; a0 = va[..., 0] and b0 = vb[..., 0], contiguous;
     `pointers`: bit 1 when a carries pointers, bit 2 when b does (NONE, -1, for a side without);
     ov/op/oq filled with zero, -1, 0.
 
-    The same candidates in the same order as the one-pass kernel, minus those that cannot enter:
+    The same candidates in the same order as the one-pass kernel, minus those that cannot enter,
+    tile by tile of KBEST_J_BLOCK columns (each tile's columns of b first copied compact):
     1. best[blk, r, j] = the ⊕ of the heads a0 ⊗ b0 over each of `blocks` blocks of kk, four
        rows of a at a time (`_tile`, vectorised); ⊗ is monotone and ranks are sorted, so a
        block's best head bounds every product in it.
