@@ -426,6 +426,10 @@ def test_concurrent_requests_quota_holds_across_worker_processes(tmp_path):
     release = threading.Event()
     try:
         wait_until_serving(address, process)
+        deadline = time.monotonic() + 60  # both workers listening before the connections are made
+        while len(set(re.findall(r" INFO (\d+) semigrad\S* semigrad serving on", log.read_text()))) < 2:
+            assert time.monotonic() < deadline and process.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.05)
         clients = [sg.Client(address, token=TOKEN_A, options=own_connection, shared_memory=False) for _ in range(8)]
         graph_id = clients[0].register(weights_graph(1.0)).id
         graphs = [c.get_graph(graph_id) for c in clients]
