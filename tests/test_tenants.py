@@ -410,6 +410,8 @@ def test_concurrent_requests_quota_holds_across_worker_processes(tmp_path):
     import subprocess
     import sys
 
+    import itertools
+
     from redis_server import free_port
     from test_serve import wait_until_serving
 
@@ -426,13 +428,26 @@ def test_concurrent_requests_quota_holds_across_worker_processes(tmp_path):
     release = threading.Event()
     try:
         wait_until_serving(address, process)
-        deadline = time.monotonic() + 60  # both workers listening before the connections are made
-        while len(set(re.findall(r" INFO (\d+) semigrad\S* semigrad serving on", log.read_text()))) < 2:
-            assert time.monotonic() < deadline and process.poll() is None, log.read_text()[-2000:]
-            time.sleep(0.05)
-        clients = [sg.Client(address, token=TOKEN_A, options=own_connection, shared_memory=False) for _ in range(8)]
-        graph_id = clients[0].register(weights_graph(1.0)).id
-        graphs = [c.get_graph(graph_id) for c in clients]
+        # Which worker a connection lands on is the kernel's choice (one worker can take them all):
+        # connections are opened one at a time, each placed by the worker that logs its first
+        # call, until there are 8 and both workers have some; 8 are then taken in turn from each.
+        graph_id = None
+        by_worker: dict[str, list] = {}
+        while len(clients) < 8 or len(by_worker) < 2:
+            assert len(clients) < 64, f"64 connections did not reach both workers: {list(by_worker)}"
+            client = sg.Client(address, token=TOKEN_A, options=own_connection, shared_memory=False)
+            clients.append(client)
+            before = len(re.findall(r" INFO (\d+) semigrad\.rpc rpc=Gradient", log.read_text()))
+            graph_id = graph_id or client.register(weights_graph(1.0)).id
+            np.testing.assert_allclose(client.get_graph(graph_id).gradient({"x": [1.0, 2.0]})["x"], [2.0, 8.0])
+            deadline = time.monotonic() + 30
+            while len(found := re.findall(r" INFO (\d+) semigrad\.rpc rpc=Gradient", log.read_text())) == before:
+                assert time.monotonic() < deadline, "the call was not logged"
+                time.sleep(0.02)
+            by_worker.setdefault(found[-1], []).append(client)
+        turns = itertools.zip_longest(*by_worker.values())
+        chosen = [c for turn in turns for c in turn if c is not None][:8]
+        graphs = [c.get_graph(graph_id) for c in chosen]
         entered = threading.Semaphore(0)
 
         def hook(gradient):

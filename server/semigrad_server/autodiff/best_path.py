@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Sequence
 
 import numpy as np
@@ -219,17 +220,18 @@ class _Walker:
         """Append every step of each path (started at its input element, whose adjoint holds
         `ptr` and `partial` at batch item `b`), one gather per node and step for all paths."""
         k, nb = self.k, len(self.batch.shape)
-        for p in paths:
-            p.steps.append((p.input, p.index[nb:], 1.0))
         steps = [p.steps for p in paths]
+        # (calls mapped over the paths, as below: no Python frame per path or step)
+        deque(map(list.append, steps, zip(map(attrgetter("input"), paths),
+                                          map(itemgetter(slice(nb, None)), map(attrgetter("index"), paths)),
+                                          repeat(1.0))), maxlen=0)
         here = np.arange(len(paths))
         at = np.full(len(paths), -1)  # index into names of the node each path is at (-1: its input)
         while here.size:
             check("tracing best paths")
             ids, rank = np.divmod(ptr, k)
             ended = ids == OUTPUT
-            for i, n in zip(here[ended].tolist(), at[ended].tolist()):
-                paths[i].output = self.output_names.get(paths[i].input if n < 0 else self.names[n], "")
+            self._name_outputs(paths, here[ended], at[ended])
             go = ~ended & (ptr > 0)
             here, b, ids, rank, partial = here[go], b[go], ids[go], rank[go].astype(np.int64), partial[go]
             node = np.searchsorted(self.starts, ids, side="right") - 1
@@ -247,7 +249,7 @@ class _Walker:
                 shape = self.cg.types[ref].shape
                 elems = list(zip(*(c.tolist() for c in np.unravel_index(flat[sel], shape)))) if shape \
                     else [()] * sel.size
-                owners = [steps[i] for i in here[sel].tolist()]
+                owners = list(map(steps.__getitem__, here[sel].tolist()))
                 partials = partial[sel].tolist()
                 for start in range(0, sel.size, STEPS_BETWEEN_CHECKS):  # list.append mapped: no Python frame per step
                     stop = start + STEPS_BETWEEN_CHECKS
@@ -255,3 +257,13 @@ class _Walker:
                           maxlen=0)
                     check("tracing best paths")
             at, partial = node, nxt_partial
+
+    def _name_outputs(self, paths: list[BestPathResult], ended: np.ndarray, at: np.ndarray) -> None:
+        """Each ended path's output: the output of the node it ended at (at -1: its input is one)."""
+        for n in np.unique(at).tolist():
+            ending = list(map(paths.__getitem__, ended[at == n].tolist()))
+            if n < 0:
+                for p in ending:
+                    p.output = self.output_names.get(p.input, "")
+            else:
+                deque(map(setattr, ending, repeat("output"), repeat(self.output_names.get(self.names[n], ""))), maxlen=0)
