@@ -467,18 +467,17 @@ def kbest_pointers_any(va, pa, qa, vb, pb, qb, zero, pointers, add, mul, ov, op,
 
 
 @numba.njit(inline="always")
-def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, add, mul):
+def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, add, mul):
     """The k best products with back-pointers (`pointer_kernels.kbest_pointer_matmul`), for
     operands whose products cannot be NaN: ov/op/oq[t, i, j, :] = the K best of
     va[t, i, kk, p] ⊗ vb[t, kk, j, q] over kk, p, q by value, then pointer max(pa, pb) (smaller
     first), each with partial qa · qb. Operands: (items, m, kk, ranks) and (items, kk, n, ranks),
-    ranks sorted best first and ended by `zero`; a0 = va[..., 0] and b0 = vb[..., 0], contiguous;
-    `pointers`: bit 1 when a carries pointers, bit 2 when b does (NONE, -1, for a side without);
+    ranks sorted best first and ended by `zero`; `pointers`: bit 1 when a carries pointers, bit 2 when b does (NONE, -1, for a side without);
     ov/op/oq filled with zero, -1, 0.
 
     The same candidates in the same order as the one-pass kernel, minus those that cannot enter,
     tile by tile of KBEST_J_BLOCK columns (each tile's columns of b first copied compact):
-    1. best[blk, r, j] = the ⊕ of the heads a0 ⊗ b0 over each of `blocks` blocks of kk, four
+    1. best[blk, r, j] = the ⊕ of the heads va[..., 0] ⊗ vb[..., 0] over each of `blocks` blocks of kk, four
        rows of a at a time (`_tile`, vectorised); ⊗ is monotone and ranks are sorted, so a
        block's best head bounds every product in it.
     2. bound = the K-th best of an entry's block bests: K products from different kk, so no
@@ -492,12 +491,13 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
     length = (kc + blocks - 1) // blocks
     worst = -np.inf if add == ADD_MAX else np.inf
     best = np.empty((blocks, 4, KBEST_J_BLOCK))
-    at = np.empty((4, kc))  # four rows of heads (copies: rows past m repeat the last one)
-    heads_b = np.empty((KBEST_J_BLOCK, kc))  # the tile's columns of b0, each contiguous along kk
+    at = np.empty((4, kc))  # four rows of a's heads (rows past m repeat the last one)
+    heads_b = np.empty((KBEST_J_BLOCK, kc))  # the tile's columns of b's heads, each contiguous along kk
     # the tile's columns of b (all ranks; pointers only when b has them), compact: what the
     # offers read stays in cache instead of striding over all of b's columns
     width = min(n, KBEST_J_BLOCK)
-    tile_h, tile_v, tile_q = np.empty(kc * width), np.empty(kc * width * kb), np.empty(kc * width * kb)
+    tile_h = np.empty(kc * width if kb > 1 else 1)
+    tile_v, tile_q = np.empty(kc * width * kb), np.empty(kc * width * kb)
     tile_p = np.empty(kc * width * kb if pointers & 2 else 1)
     chosen = np.empty((K, KBEST_J_BLOCK))
     for t in range(items):
@@ -506,10 +506,12 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
             w = j1 - j0
             vt, qt = tile_v[:kc * w * kb].reshape((1, kc, w, kb)), tile_q[:kc * w * kb].reshape((1, kc, w, kb))
             pt = tile_p[:kc * w * kb].reshape((1, kc, w, kb)) if pointers & 2 else tile_p.reshape((1, 1, 1, 1))
-            bt = tile_h[:kc * w].reshape((kc, w))  # b0's tile for step 1
+            bt = (tile_v if kb == 1 else tile_h)[:kc * w].reshape((kc, w))  # b's heads for step 1
             for kk in range(kc):
                 for jj in range(w):
-                    heads_b[jj, kk] = bt[kk, jj] = b0[t, kk, j0 + jj]
+                    heads_b[jj, kk] = vb[t, kk, j0 + jj, 0]
+                    if kb > 1:
+                        bt[kk, jj] = vb[t, kk, j0 + jj, 0]
                     for rb in range(kb):
                         vt[0, kk, jj, rb] = vb[t, kk, j0 + jj, rb]
                         qt[0, kk, jj, rb] = qb[t, kk, j0 + jj, rb]
@@ -518,7 +520,8 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
             for i0 in range(0, m, 4):
                 rows = min(4, m - i0)
                 for r in range(4):
-                    at[r] = a0[t, i0 + min(r, rows - 1)]
+                    for kk in range(kc):
+                        at[r, kk] = va[t, i0 + min(r, rows - 1), kk, 0]
                 for blk in range(blocks):  # 1.
                     tile = best[blk]
                     for r in range(4):
@@ -561,40 +564,40 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, 
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_mul(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL)
+def kbest_pointers_max_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_add(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD)
+def kbest_pointers_max_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_max(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX)
+def kbest_pointers_max_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_min(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN)
+def kbest_pointers_max_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_mul(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL)
+def kbest_pointers_min_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_add(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD)
+def kbest_pointers_min_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_max(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX)
+def kbest_pointers_min_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, a0, b0, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN)
+def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN)

@@ -217,9 +217,7 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
     if tropical_kernels.nan_free_products(va, vb, multiplication):
         tropical_kernels.count("kbest_pointer_matmul", "block bound")
         blocks = min(kk, max(K_BLOCKS_PER_RANK * k, -(-kk // K_BLOCK_LENGTH)))
-        heads = (np.ascontiguousarray(va[..., 0]), np.ascontiguousarray(vb[..., 0]))
-        getattr(jit, f"kbest_pointers_{addition}_{multiplication}")(
-            *operands, *(tropical_kernels.readonly(x) for x in heads), float(zero), blocks, pointers, ov, op, oq)
+        getattr(jit, f"kbest_pointers_{addition}_{multiplication}")(*operands, float(zero), blocks, pointers, ov, op, oq)
     else:
         tropical_kernels.count("kbest_pointer_matmul", "one pass")
         jit.kbest_pointers_any(*operands, float(zero), pointers, _ADDS[addition], _MULS[multiplication], ov, op, oq)
