@@ -55,7 +55,7 @@ def _whole(k):
 
 
 def _tanh(x):
-    """The algorithm, over Python floats (and, rebound, over numba floats and NumPy arrays)."""
+    """The algorithm, over Python floats (rebound, over numba floats; as text, over NumPy arrays: SOURCE)."""
     a = abs(x)
     # |x| < 9/16: x + x u P(u)
     u = x * x
@@ -108,9 +108,6 @@ def _tanh(x):
 def _rebound(**names):
     """_tanh's code over other primitives (the same operations, other number types)."""
     return types.FunctionType(_tanh.__code__, {**_tanh.__globals__, **names}, "tanh_float")
-
-
-_tanh_arrays = _rebound(_select=np.where, _whole=lambda k: k.astype(np.intp))
 
 
 def _standalone_source() -> str:
