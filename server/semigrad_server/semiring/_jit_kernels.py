@@ -15,7 +15,10 @@ from numba import types
 from numba.extending import intrinsic
 
 # Codes of ⊕ and ⊗ for the shared loop below; each entry point fixes them as constants, so
-# after inlining LLVM drops the branches and vectorises the inner loop.
+# after inlining LLVM drops the branches and vectorises the inner loop. The small helpers
+# (`_combine`, `_accumulate`, `_tile`, ...) are left for LLVM to inline: inlined by numba
+# (inline="always") every call site was typed again, and each entry point took ~6 s to compile
+# instead of ~2 (the same machine code speed; a cold `make test` compiles dozens of them).
 ADD_MAX, ADD_MIN = 0, 1
 MUL_MUL, MUL_ADD, MUL_MAX, MUL_MIN = 0, 1, 2, 3
 K_BLOCK = 64  # rows of b per panel: they stay in cache while 4 rows of a sweep them
@@ -49,7 +52,7 @@ _max_no_nan = _no_nan_extremum("llvm.maxnum")
 _min_no_nan = _no_nan_extremum("llvm.minnum")
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _combine(code, x, y, nan):
     """⊗. max and min propagate NaN like np.maximum and np.minimum (`|`, not `or`: no branch);
     without `nan` (no operand is NaN) LLVM's maxnum / minnum."""
@@ -66,7 +69,7 @@ def _combine(code, x, y, nan):
     return x if ((x < y) | (x != x)) else y
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _accumulate(code, v, acc, nan):
     """acc ⊕ v, NaN-propagating when `nan`: once the accumulator is NaN nothing replaces it.
     Without `nan` LLVM's maxnum / minnum, the same result when no value is NaN and 4× faster
@@ -81,7 +84,7 @@ def _accumulate(code, v, acc, nan):
     return v if ((v < acc) | (v != v)) else acc
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _tile(at, bt, ot, j0, j1, o0, k0, k1, add, mul, nan):
     """ot[i, o0 + j - j0] ⊕= ⊕_{k0 ≤ k < k1} at[i, k] ⊗ bt[k, j] for every row i and j0 ≤ j < j1 (o0:
     where the columns start in ot, j0 when ot is as wide as bt, 0 for a scratch tile): four rows
@@ -138,7 +141,7 @@ def _tropical(a, b, ia, ib, zero, out, add, mul, nan):
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 # Two top-level entry points per (⊕, ⊗) pair, written out (NaN-propagating, and `_no_nan` for
-# operands whose products cannot be NaN, kernels.nan_free_products): numba folds the constant operators
+# operands whose products cannot be NaN, kernels.nan_free_products): LLVM folds the constant operators
 # into each compiled loop, and its on-disk cache needs functions defined at module level (a
 # factory making them in a loop would recompile in every process).
 
@@ -394,7 +397,7 @@ def kbest(a, b0, bt, ia, ib, blocks, out):
                     out[r, t, i, j] = top[r]
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _ahead(add, x, y):
     """x is strictly better than y in ⊕'s order (larger for max, smaller for min)."""
     if add == ADD_MAX:
@@ -402,7 +405,7 @@ def _ahead(add, x, y):
     return x < y
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _other(add, x, y):
     """The worse of x and y in ⊕'s order (no NaN)."""
     if add == ADD_MAX:
