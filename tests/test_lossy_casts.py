@@ -140,6 +140,8 @@ def test_top_paths_and_semiring_parameters_are_checked_before_sending(client):
     x = {"x": np.array([0.1, 0.2, 0.3])}
     with pytest.raises(sg.InvalidArgument, match=r"top_paths is a whole number, got 2.5"):
         f.gradient(x, semiring="kbest", semiring_params={"k": 3}, top_paths=2.5)
+    with pytest.raises(sg.InvalidArgument, match=r"top_paths = 2147483648 is out of range"):
+        f.gradient(x, semiring="kbest", top_paths=2**31)  # past the message's int32 field
     for k in (2**70, None):
         with pytest.raises(sg.InvalidArgument, match=r"semiring parameter 'k'"):
             f.gradient(x, semiring="kbest", semiring_params={"k": k})

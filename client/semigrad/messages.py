@@ -101,11 +101,15 @@ def element_index(index, what: str) -> list[int]:
 
 
 def count(value, what: str) -> int:
-    """A whole number given for `what` (top_paths=2.5 is refused, not cut to 2)."""
+    """A whole number given for `what` (top_paths=2.5 is refused, not cut to 2), as the message's
+    int32 field holds it."""
     try:
-        return operator.index(value)
+        number = operator.index(value)
     except TypeError:
         raise InvalidArgument(f"{what} is a whole number, got {value!r}") from None
+    if not -2**31 <= number < 2**31:
+        raise InvalidArgument(f"{what} = {number} is out of range")
+    return number
 
 
 def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients | SemiringGradients:

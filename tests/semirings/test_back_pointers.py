@@ -302,6 +302,28 @@ def test_refusals_name_what_is_wrong(client):
         f.gradient(point, semiring="max_product", best_path="every")
 
 
+@pytest.mark.parametrize("hook", [lambda g: 2 * g, sg.ServerHook("scale", factor=2.0),
+                                  sg.ServerHook("record", kind="pre")], ids=["client", "scale", "record"])
+@pytest.mark.parametrize("paths", [{"best_path": "all"}, {"best_path": [("x", (1,))]}, {"top_paths": 2}],
+                         ids=["all", "list", "top"])
+def test_hooks_are_refused_on_path_requests(client, hook, paths):
+    """A hook changes contributions, which a path (a product of the graph's own partials) would not
+    show: refused by name rather than applied to the back-pointers' ids and partials."""
+    f = client.register(chain(2, 3))
+    with pytest.raises(sg.InvalidArgument, match=r"hooks \(on 't0'\) cannot be combined with best_path or top_paths"):
+        f.gradient({"x": np.array([0.1, 0.2, 0.3])}, semiring="max_product", hooks={"t0": hook}, **paths)
+
+
+def test_a_nan_element_makes_no_top_paths(client):
+    """x[0] is NaN, so its one path's product is NaN: no candidate, and no rank of it fills the list."""
+    f = client.register(chain(2, 3))
+    x = np.array([np.nan, 0.5, 1.0])
+    top = f.gradient({"x": x}, semiring="max_product", top_paths=5).best_paths
+    expected = (1 - np.tanh(np.tanh(x[1:])) ** 2) * (1 - np.tanh(x[1:]) ** 2)  # tanh(tanh(x))'
+    assert [p.start for p in top] == [("x", (1,)), ("x", (2,))]
+    assert [p.value["value"] for p in top] == pytest.approx(expected.tolist(), rel=1e-12)
+
+
 def test_kbest_top_paths_rank_by_the_kbest_values(client):
     c = case(3)
     f = client.register(c.graph.client_graph())

@@ -173,7 +173,7 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> l
         return []
     v, p, q, number, b, e = (np.concatenate(parts) for parts in zip(*found))
     rank = np.tile(np.arange(k), v.size // k)
-    real = (v != zero) & (p >= 0)
+    real = (v != zero) & (v == v) & (p >= 0)  # a NaN product is no path's value (nor a rank's filler)
     sign = 1.0 if s.base.addition == "max" else -1.0
     order = np.flatnonzero(real)[np.lexsort((rank[real], e[real], b[real], number[real], -sign * v[real]))][:k]
     names = list(backward.gradients)

@@ -205,6 +205,11 @@ class Engine:
             if name not in names:
                 raise InvalidArgument(f"seed given for {quoted(name)}, which is not a differentiated output "
                                       f"(differentiated: {', '.join(names)})")
+        if spec.hooks and (spec.best_paths or spec.top_paths):
+            hooked = ", ".join(dict.fromkeys(quoted(h.node) for h in spec.hooks))
+            raise InvalidArgument(f"hooks (on {hooked}) cannot be combined with best_path or top_paths: a path's value "
+                                  "is the product of the graph's own partials along it, which a hook's change to a "
+                                  "contribution is not; ask for the paths and the hooked gradients in separate requests")
         if spec.best_paths and not s.selective:
             raise FailedPrecondition(f"best paths need a selective semiring (max/min-like); '{s.name}' is not")
         batch = cg.batch(spec.inputs)
