@@ -23,6 +23,7 @@ from test_op_gradients import CASES, build
 
 import semigrad as sg
 from semigrad_server.engine import Engine
+from semigrad_server.errors import ResourceExhausted
 from semigrad_server.limits import Limits
 from semigrad_server.service.convert import graph_from_proto
 
@@ -279,6 +280,17 @@ def test_max_path_steps_is_checked_before_work_on_both_sides():
         assert type(excinfo.value).__name__ == "ResourceExhausted", excinfo.value
         assert "max_path_steps = 23" in str(excinfo.value) and "'x'" in str(excinfo.value) or \
             "top_paths" in str(excinfo.value)
+
+
+def test_the_k_best_carriers_are_counted_before_work():
+    """top_paths=k carries 3k arrays per semiring value: a request is checked against the limits with
+    them counted (a 600 × 600 input with top_paths=64 had held 5 GB, past every limit)."""
+    engine = Engine(limits=Limits(max_request_elements=200_000))
+    gid = engine.register(graph_from_proto(chain(2, 1000).to_proto()))[0].id
+    point = {"x": np.linspace(-1, 1, 1000)}
+    assert len(engine.gradient(gid, point, semiring="max_product", top_paths=2).best_paths) == 2
+    with pytest.raises(ResourceExhausted, match=r"limit is 200000.*\(top_paths = 64: 192 arrays per value"):
+        engine.gradient(gid, point, semiring="max_product", top_paths=64)
 
 
 def test_refusals_name_what_is_wrong(client):

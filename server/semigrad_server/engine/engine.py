@@ -255,14 +255,22 @@ class Engine:
         run = hook_run or HookRun()
         # Best paths read every adjoint and value: scratch, not results for a caller's region.
         with results_in(None) if spec.best_paths or spec.top_paths else contextlib.nullcontext():
-            if slots:
-                token = hooks_run.CURRENT.set(run)
-                try:
+            try:
+                if slots:
+                    token = hooks_run.CURRENT.set(run)
+                    try:
+                        results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
+                    finally:
+                        hooks_run.CURRENT.reset(token)
+                else:
                     results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
-                finally:
-                    hooks_run.CURRENT.reset(token)
-            else:
-                results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
+            except ResourceExhausted as e:
+                if plan_semiring.components == 1:
+                    raise
+                what = (f"top_paths = {spec.top_paths}" if spec.top_paths else
+                        "best paths" if spec.best_paths else f"semiring {quoted(plan_semiring.name)}")
+                raise ResourceExhausted(f"{e} ({what}: {plan_semiring.components} arrays per value, each "
+                                        "counted)", e.max_items) from None
         paths = []
         if spec.best_paths or spec.top_paths:
             paths = (interruptibly("tracing best paths", trace_top_paths, cg, compiled.backward, plan_semiring, results,

@@ -179,4 +179,6 @@ def compile_executable(graph: Graph, nodes: Sequence[Node], types: Mapping[str, 
         except NotScalarizable as e:
             if backend in ("scalar", "jit"):
                 raise FailedPrecondition(f"the {backend} backend cannot run this graph: {e}") from None
-    return Plan(graph, nodes, types, outputs, registry=registry, attrs=attrs, map_components=map_components)
+    widths = {ref: semiring.components for ref in semiring_values} if semiring is not None else {}
+    return Plan(graph, nodes, types, outputs, registry=registry, attrs=attrs, map_components=map_components,
+                widths=widths)

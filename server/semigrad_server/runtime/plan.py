@@ -46,9 +46,12 @@ class Plan:
 
     def __init__(self, graph: Graph, order: Sequence[Node], types: Mapping[str, Type],
                  outputs: Sequence[tuple[Hashable, str]], registry: Registry = REGISTRY,
-                 attrs: Mapping[str, dict] | None = None, map_components: frozenset = frozenset()):
+                 attrs: Mapping[str, dict] | None = None, map_components: frozenset = frozenset(),
+                 widths: Mapping[str, int] | None = None):
         """`map_components`: nodes whose first operand is a tuple of arrays; their kernel
-        is applied to each component (structural ops on tuple-valued semiring values)."""
+        is applied to each component (structural ops on tuple-valued semiring values).
+        `widths`: arrays per value of the nodes holding a semiring's tuple carrier (3k for
+        k-best paths); the elements, operations and bytes a run is checked against count them."""
         needed = {ref for _, ref in outputs}
         live_order = []
         for node in reversed(order):
@@ -75,7 +78,8 @@ class Plan:
         self.output_slot_set = frozenset(slot for _, slot in self.output_slots)
         self.n_slots = len(slots)
         self.types = {ref: types[ref] for ref in slots}
-        self.item_elements = sum(t.size for t in self.types.values()) or 1
+        width = self._width = {ref: w for ref, w in (widths or {}).items() if w != 1 and ref in slots}
+        self.item_elements = sum(t.size * width.get(ref, 1) for ref, t in self.types.items()) or 1
         self.heaviest = None  # (work, node id) of the costliest kernel with work beyond its result
         kernel_work = {}  # node -> work its kernel does beyond its result (an einsum's contractions)
         for node in live_order:
@@ -95,8 +99,9 @@ class Plan:
         # that declares its kernel's work is counted by it (an einsum's contractions), not by its
         # element-level expansion's bound, which for an einsum is the product of its operands' sizes
         node_operations = {
-            node.id: kernel_work[node.id] + types[node.id].size if node.id in kernel_work else
-            max(ops[node.id].scalar_cost([types[r] for r in node.inputs], types[node.id]), types[node.id].size)
+            node.id: width.get(node.id, 1) * (
+                kernel_work[node.id] + types[node.id].size if node.id in kernel_work else
+                max(ops[node.id].scalar_cost([types[r] for r in node.inputs], types[node.id]), types[node.id].size))
             for node in live_order if node.id not in constant}
         self.item_operations = max(1, sum(node_operations.values()))
         # What a request's cost depends on when only some inputs carry batch axes (cost()): a
@@ -183,7 +188,7 @@ class Plan:
             batched.update(dup for dup, original in self._same_as.items() if original in batched)
             elements, operations = [0, 0], [0, 0]  # (per item, computed once)
             for ref, t in self.types.items():
-                elements[ref not in batched] += t.size + self._node_extra.get(ref, 0)
+                elements[ref not in batched] += t.size * self._width.get(ref, 1) + self._node_extra.get(ref, 0)
             for ref, n in self._node_operations.items():
                 operations[ref not in batched] += n
             cost = PlanCost(tuple(elements), tuple(operations),
@@ -207,7 +212,7 @@ class Plan:
         size = {}
         for ref, slot in self._slot_refs.items():
             t = types[ref]
-            size[slot] = max(size.get(slot, 0), t.size * np.dtype(t.dtype).itemsize)
+            size[slot] = max(size.get(slot, 0), t.size * np.dtype(t.dtype).itemsize * self._width.get(ref, 1))
         per_item = {slot: batched is None or slot in batched for slot in size}
         folded = {slot for slot, _ in self.constants}
         live = {slot for _, slot in self.input_slots}
