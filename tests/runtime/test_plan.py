@@ -102,6 +102,30 @@ def test_fused_elementwise_groups_compute_what_their_nodes_compute(monkeypatch, 
         np.testing.assert_array_equal(got[x], numpy_grads[x], err_msg=x)
 
 
+@pytest.mark.skipif(not fusion.AVAILABLE, reason="numba is not installed (pip install 'semigrad[jit]')")
+def test_a_small_group_compiles_after_hot_calls(monkeypatch):
+    """Elements (HOT_ELEMENTS) or calls (HOT_CALLS), whichever comes first: a 4-element group is
+    not compiled after HOT_CALLS - 1 calls, and is after one more (as NumPy's own ufunc, not
+    numba's DUFunc and its per-call checks in Python), with the same bits."""
+    monkeypatch.setattr(fusion, "HOT_CALLS", 5)
+    g = sg.Graph()
+    x = g.input("x", (4,))
+    g.output("y", (x * x - 1.0) * 3.0)
+    engine = Engine()
+    cg, _ = engine.register(graph_from_proto(g.to_proto()))
+    point = {"x": np.array([0.5, -1.5, 2.0, 3.0])}
+    expected = (point["x"] ** 2 - 1.0) * 3.0
+    for _ in range(4):
+        np.testing.assert_array_equal(engine.evaluate(cg.id, point, backend="tensor")[0]["y"], expected)
+    _join_compiles()
+    fused = [s.kernel for p in _plans(engine, cg).values() for s in p.steps if isinstance(s.kernel, fusion.FusedKernel)]
+    assert len(fused) == 1 and fused[0].ufunc is None
+    engine.evaluate(cg.id, point, backend="tensor")
+    _join_compiles()
+    assert type(fused[0].ufunc) is np.ufunc
+    np.testing.assert_array_equal(engine.evaluate(cg.id, point, backend="tensor")[0]["y"], expected)
+
+
 def test_fusion_keeps_outputs_and_shared_values_out_of_groups():
     """An inner value with two uses, or one asked for as an output, is computed on its own."""
     g = sg.Graph()

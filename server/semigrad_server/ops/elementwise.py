@@ -199,7 +199,10 @@ def elementwise_kernel(fn: Callable, in_types, out_type: Type) -> Callable:
     if len(ranks) == 1:
         (r,) = ranks
         return lambda a: fn(align(a, r, out_rank))
-    return lambda *args: fn(*(align(a, r, out_rank) for a, r in zip(args, ranks)))
+    if len(ranks) == 2:  # most of them (a bias add): without the generic form's generator
+        r0, r1 = ranks
+        return lambda a, b: fn(align(a, r0, out_rank), align(b, r1, out_rank))
+    return lambda *args: fn(*[align(a, r, out_rank) for a, r in zip(args, ranks)])
 
 
 def elementwise_vjp(partials: dict[int, sp.Expr], symbols: tuple[sp.Symbol, ...]):

@@ -165,6 +165,13 @@ def tanh(x, out=None):
     """tanh over arrays, as np.tanh is called by the kernels: any shape, a NumPy scalar for a
     scalar, `out=` filled and returned. Computed in float64 (a float32 result is the float64
     one rounded)."""
+    if (_tanh_loop is not None and type(x) is np.ndarray and x.dtype == np.float64 and x.flags.c_contiguous
+            and (out is None or (type(out) is np.ndarray and out.dtype == np.float64 and out.flags.c_contiguous
+                                 and out.shape == x.shape)) and x.ndim):
+        # the kernels' case (a float64 array, maybe a buffer to fill): straight to the loop
+        result = np.empty(x.shape) if out is None else out
+        _tanh_loop(x.reshape(-1), result.reshape(-1))
+        return result
     x = np.asarray(x)
     if x.dtype.kind == "c":  # the complex step: an analytic continuation this algorithm lacks
         return np.tanh(x, out=out)

@@ -4,7 +4,8 @@ A group is a tree of elementwise nodes whose inner values have no other use: it 
 step. Until it is hot the step calls the members' own NumPy kernels in turn (the same results
 as unfused); once it has processed HOT_ELEMENTS elements, and numba is installed, it is
 compiled in the background into one ufunc that makes a single pass over memory with no
-temporaries. Only ops declared fusible (arithmetic, comparisons, selections: `OpDef.fusible`)
+temporaries (or once it has been called HOT_CALLS times: a small group's elements add up slowly,
+and node by node it is a few NumPy calls of overhead each time). Only ops declared fusible (arithmetic, comparisons, selections: `OpDef.fusible`)
 fuse, so compiled results are the same IEEE operations as NumPy's.
 """
 
@@ -32,6 +33,7 @@ log = logging.getLogger("semigrad.runtime")
 # fused loop makes (measured on the MLP: fusing tanh made the forward pass 2.5× slower).
 FUSIBLE_DTYPES = ("float64", "bool")
 HOT_ELEMENTS = 1 << 22  # elements through a group before compiling it pays (a compile: ~0.2 s)
+HOT_CALLS = 64  # or calls (as the JIT's HOT_SINGLE_CALLS): a 64-element group of 3 nodes took 17 µs a call, its ufunc ~3
 MAX_MEMBERS = 64
 
 
@@ -96,20 +98,23 @@ class FusedKernel:
                           f"({', '.join(_numba_type(d) for d in self.leaf_dtypes)})")
         self.ufunc = None
         self._elements = 0
+        self._calls = 0
         self._compiling = False
         self._lock = threading.Lock()
 
     def __call__(self, *leaves):
         ufunc = self.ufunc
         if ufunc is not None:
-            return ufunc(*(align(np.asarray(v), r, self.out_rank) for v, r in zip(leaves, self.leaf_ranks)))
+            out_rank = self.out_rank
+            return ufunc(*[align(np.asarray(v), r, out_rank) for v, r in zip(leaves, self.leaf_ranks)])
         env = dict(zip(self.group.leaves, leaves))
         for node, kernel in zip(self.group.members, self.kernels):
             env[node.id] = kernel(*(env[r] for r in node.inputs))
         result = env[self.group.root]
         if AVAILABLE:
             self._elements += np.size(result)
-            if self._elements >= HOT_ELEMENTS and not self._compiling:
+            self._calls += 1
+            if (self._elements >= HOT_ELEMENTS or self._calls >= HOT_CALLS) and not self._compiling:
                 self._start_compile()
         return result
 
@@ -128,7 +133,9 @@ class FusedKernel:
         except Exception:  # the group keeps running node by node, as before
             log.warning("fused group ending at node '%s' did not compile", self.group.root, exc_info=True)
             return
-        self.ufunc = ufunc
+        # numba's DUFunc checks its arguments in Python (~2 µs a call); its NumPy ufunc has the one
+        # loop of the group's dtypes
+        self.ufunc = getattr(ufunc, "ufunc", ufunc)
 
 
 def _numba_type(dtype: str) -> str:

@@ -6,6 +6,7 @@ batch dimensions; every kernel broadcasts over them (vectorised, never a loop ov
 from __future__ import annotations
 
 import dataclasses
+import operator
 import sys
 import time
 from dataclasses import dataclass
@@ -170,6 +171,10 @@ class Plan:
                            for i, s in enumerate(steps))
         self.constants = tuple((slot, value) for slot, value in folded.items()
                                if slot in {a for step in steps for a in step.args} | keep)
+        # What `run` reads of each step, in its loop: the operands by one C call (itemgetter)
+        self._calls = tuple((step, step.kernel, _getter(step.args), len(step.args) == 1, step.out, step.free,
+                             step.into is not None and step.out in self.output_slot_set, bool(step.reuse))
+                            for step in self.steps)
         self.item_bytes, self.peak_node = self._peak_bytes(types)
 
     def cost(self, arrays: Mapping[str, np.ndarray]) -> "PlanCost":
@@ -247,31 +252,33 @@ class Plan:
             env[slot] = value
         for name, slot in self.input_slots:
             env[slot] = inputs[name]
+        monotonic = time.monotonic
         with np.errstate(all="ignore"):
-            for i, step in enumerate(self.steps):
+            for i, (step, kernel, operands, single, out, free, into_output, reuse) in enumerate(self._calls):
                 # every step: a clock read is nothing beside a kernel call, and one step may be long
-                if deadline is not None and time.monotonic() > deadline:
+                if deadline is not None and monotonic() > deadline:
                     raise DeadlineExceeded(f"deadline exceeded at node '{step.node_id}' ({i}/{len(self.steps)} steps)")
                 if bound is not None and bound.cancelled:
                     bound.check(f"at node '{step.node_id}' ({i}/{len(self.steps)} steps)")
                 try:
-                    if allocating and step.into is not None and step.out in self.output_slot_set:
+                    if allocating and into_output:
                         args = [env[a] for a in step.args]
-                        out = result_array(_result_shape(args, step), step.dtype)
-                        env[step.out] = step.kernel(*args, out=out)
+                        env[out] = kernel(*args, out=result_array(_result_shape(args, step), step.dtype))
                         del args
-                    elif step.reuse:
+                    elif reuse:
                         args = [env[a] for a in step.args]
-                        out = _dead_buffer(args, step)
+                        buffer = _dead_buffer(args, step)
                         del args  # references of its own would defeat the check of the next step
-                        env[step.out] = step.kernel(*(env[a] for a in step.args), **out)
+                        env[out] = kernel(*[env[a] for a in step.args], **buffer)
+                    elif single:
+                        env[out] = kernel(operands(env))
                     else:
-                        env[step.out] = step.kernel(*(env[a] for a in step.args))
+                        env[out] = kernel(*operands(env))
                 except MemoryError:
                     raise ResourceExhausted(f"node '{step.node_id}': out of memory") from None
                 except (ValueError, TypeError, IndexError, ZeroDivisionError) as e:
                     raise InvalidArgument(f"node '{step.node_id}': {e}") from None
-                for slot in step.free:
+                for slot in free:
                     env[slot] = None
         return {name: env[slot] for name, slot in self.output_slots}
 
@@ -302,6 +309,13 @@ class PlanCost:
         room = np.where(self.byte_per_item > 0, (nbytes - self.byte_once) // np.maximum(self.byte_per_item, 1),
                         np.where(self.byte_once <= nbytes, np.iinfo(np.int64).max, -1))
         return int(max(0, min(*fits, int(room.min()))))
+
+
+def _getter(slots: tuple[int, ...]) -> Callable:
+    """env -> the operands in `slots`: the value itself for one slot, else a tuple."""
+    if not slots:
+        return lambda env: ()
+    return operator.itemgetter(*slots)
 
 
 def _writes_into(kernel: Callable, in_types: Sequence[Type], out_type: Type) -> bool:
