@@ -212,6 +212,24 @@ def test_tropical_winners_scratch_stays_within_the_block_budget(implementation, 
     np.testing.assert_array_equal(first, np.where(value == 0.0, -1, np.argmax(products == value[:, None, :], axis=1)))
 
 
+@pytest.mark.parametrize("rows", [7, 8, 25])
+@pytest.mark.parametrize("add,mul", [("max", "mul"), ("min", "add")])
+def test_tropical_winners_search_each_block_with_and_without_a_transposed_b(implementation, rows, add, mul):
+    """From WINNER_PANEL_ROWS rows of a the first winning k is searched in a transposed copy of each
+    block's rows of b: both sides of it (8), over five blocks of k, with many ties (a k found in
+    one block is never taken for another block's number)."""
+    if implementation == "numba":
+        assert kernels.jit_kernels().WINNER_PANEL_ROWS == 8
+    rng = np.random.default_rng(rows)
+    a, b = np.round(random_values(rng, (2, rows, 300))), np.round(random_values(rng, (2, 300, 70)))
+    zero = 0.0 if mul == "mul" else (np.inf if add == "min" else -np.inf)
+    value, first = kernels.tropical_winners(a, b, add, mul, zero=zero)
+    products = a[..., :, :, None] * b[..., None, :, :] if mul == "mul" else a[..., :, :, None] + b[..., None, :, :]
+    expected = kernels.UFUNCS[add].reduce(products, axis=-2, initial=zero)
+    np.testing.assert_array_equal(value, expected)
+    np.testing.assert_array_equal(first, np.where(value == zero, -1, np.argmax(products == value[..., None, :], axis=-2)))
+
+
 @pytest.mark.parametrize("special", [np.nan, np.inf])
 def test_tropical_winners_refuse_operands_whose_products_may_be_nan(implementation, special):
     a, b = np.zeros((2, 3)), np.ones((3, 4))

@@ -23,6 +23,7 @@ ADD_MAX, ADD_MIN = 0, 1
 MUL_MUL, MUL_ADD, MUL_MAX, MUL_MIN = 0, 1, 2, 3
 K_BLOCK = 64  # rows of b per panel: they stay in cache while 4 rows of a sweep them
 J_BLOCK = 256  # columns per tile: 4 output rows of it (8 KB) stay in L1, a panel of b (128 KB) in L2
+WINNER_PANEL_ROWS = 8  # rows of a from which the winners' search reads a transposed copy of b
 KBEST_J_BLOCK = 64  # the k-best pointer kernel's tiles: an entry's block bests, read across blocks, stay in L2
 
 
@@ -233,16 +234,23 @@ def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
 
     The products are ⊕-accumulated per block of k (`blocks`: one (m, n) slice per block, tiled as
     `_tropical`, vectorised); an entry's value is the ⊕ of its blocks, and its first k is searched
-    only in the first block that attains the value (scalar, at most a block's length). Tracking
-    the winning k in the vectorised loop itself would need a select per product, which LLVM turns
-    into a masked store (0.5 G products a second against 4)."""
+    only in the first block that attains the value (scalar, at most a block's length), block by
+    block; with WINNER_PANEL_ROWS rows or more, over a transposed copy of the block's rows of b,
+    so that an entry's search reads b along k contiguously (down a column of b each k was a cache
+    miss: 2/3 of the kernel's time on a BERT-width 32 × 768 × 3072 product; with fewer rows the
+    copy costs more than the misses it saves: a layer norm's 1 × 768 × 768 row products). Tracking the winning k in the vectorised loop itself
+    would need a select per product, which LLVM turns into a masked store (0.5 G products a
+    second against 4)."""
     items, m, n = value.shape
     kc = a.shape[2]
     nb = blocks.shape[0]
     kb = -(-kc // nb)
+    transposed = m >= WINNER_PANEL_ROWS
+    panel = np.empty((n, kb) if transposed else (1, 1))  # panel[j, kk - k0] = b[kk, j], k0 ≤ kk < k0 + kb
     for t in range(items):
         at = a[ia[t]]
         bt = b[ib[t]]
+        ft = first[t]
         for blk in range(nb):
             for i in range(m):
                 row = blocks[blk, i]
@@ -253,7 +261,8 @@ def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
             j1 = min(n, j0 + jb)
             for blk in range(nb):
                 _tile(at, bt, blocks[blk], j0, j1, j0, blk * kb, min(kc, (blk + 1) * kb), add, mul, False)
-        for i in range(m):
+        for i in range(m):  # the values, and the first block attaining each (in `first` until the search,
+            # as -2 - block: a k found in an earlier block is not read as a block number)
             for j in range(n):
                 v = zero
                 for blk in range(nb):
@@ -263,13 +272,35 @@ def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
                 if v != zero:
                     for blk in range(nb):
                         if blocks[blk, i, j] == v:
-                            x_row = at[i]
-                            for kk in range(blk * kb, min(kc, (blk + 1) * kb)):
-                                if _combine(mul, x_row[kk], bt[kk, j], False) == v:
-                                    found = kk
-                                    break
+                            found = -2 - blk
                             break
-                first[t, i, j] = found
+                ft[i, j] = found
+        for blk in range(nb):  # each entry's first k, in its block
+            k0, k1 = blk * kb, min(kc, (blk + 1) * kb)
+            if transposed:
+                for kk in range(k0, k1):
+                    b_row = bt[kk]
+                    for j in range(n):
+                        panel[j, kk - k0] = b_row[j]
+            for i in range(m):
+                x_row = at[i]
+                f_row = ft[i]
+                for j in range(n):
+                    if f_row[j] != -2 - blk:
+                        continue
+                    v = value[t, i, j]
+                    f_row[j] = -1  # (found below: the block's best is one of its products)
+                    if transposed:
+                        b_col = panel[j]
+                        for kk in range(k0, k1):
+                            if _combine(mul, x_row[kk], b_col[kk - k0], False) == v:
+                                f_row[j] = kk
+                                break
+                    else:
+                        for kk in range(k0, k1):
+                            if _combine(mul, x_row[kk], bt[kk, j], False) == v:
+                                f_row[j] = kk
+                                break
 
 
 @numba.njit(**_OPTIONS)
