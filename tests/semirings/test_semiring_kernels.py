@@ -49,7 +49,8 @@ def counted(kernel: str, implementation: str) -> int:
 
 
 def brute_tropical(a, b, add, mul, zero):
-    """⊕ over k of a[..., i, k] ⊗ b[..., k, j], one scalar at a time, from `zero`."""
+    """⊕ over k of a[..., i, k] ⊗ b[..., k, j], one scalar at a time, from `zero`; a NaN product
+    with an operand equal to `zero` is `zero` (0̄ annihilates: 0 · ∞, −∞ + ∞)."""
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     (m, kc), n = a.shape[-2:], b.shape[-1]
     a, b = np.broadcast_to(a, lead + (m, kc)), np.broadcast_to(b, lead + (kc, n))
@@ -58,7 +59,11 @@ def brute_tropical(a, b, add, mul, zero):
         for *t, i, j in itertools.product(*map(range, lead + (m, n))):
             acc = np.float64(zero)
             for kk in range(kc):
-                acc = OPS[add](acc, OPS[mul](a[(*t, i, kk)], b[(*t, kk, j)]))
+                x, y = a[(*t, i, kk)], b[(*t, kk, j)]
+                product = OPS[mul](x, y)
+                if np.isnan(product) and (x == zero or y == zero):
+                    product = np.float64(zero)
+                acc = OPS[add](acc, product)
             out[(*t, i, j)] = acc
     return out
 
@@ -126,7 +131,8 @@ def test_tropical_matmul_matches_brute_force(implementation, add, mul, shapes):
                          ids=["inf", "-inf", "nan", "all"])
 @pytest.mark.parametrize("add,mul", list(itertools.product(kernels.ADDS, kernels.MULS)))
 def test_tropical_matmul_infinities_and_nan_as_numpy(implementation, add, mul, special):
-    """inf · 0, inf - inf: NaN products make their entry NaN, as np.maximum / np.minimum do."""
+    """inf · 0, inf - inf: NaN products make their entry NaN, as np.maximum / np.minimum do,
+    except where an operand is 0̄ (here 0.0), which annihilates."""
     rng = np.random.default_rng(5)
     a = random_values(rng, (2, 6, 9), special=special)
     b = random_values(rng, (9, 7), special=special)

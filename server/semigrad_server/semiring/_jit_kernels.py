@@ -86,7 +86,18 @@ def _accumulate(code, v, acc, nan):
 
 
 @numba.njit
-def _tile(at, bt, ot, j0, j1, o0, k0, k1, add, mul, nan):
+def _product(code, x, y, nan, zero):
+    """x ⊗ y, where a NaN product with an operand equal to 0̄ (`zero`) is 0̄: 0̄ annihilates,
+    0 · ∞ and −∞ + ∞ included (a path through a zero partial is removed, whatever else is on
+    it). Without `nan` no product is NaN and this is ⊗ itself."""
+    v = _combine(code, x, y, nan)
+    if nan:
+        return zero if (v != v) & ((x == zero) | (y == zero)) else v
+    return v
+
+
+@numba.njit
+def _tile(at, bt, ot, j0, j1, o0, k0, k1, add, mul, nan, zero):
     """ot[i, o0 + j - j0] ⊕= ⊕_{k0 ≤ k < k1} at[i, k] ⊗ bt[k, j] for every row i and j0 ≤ j < j1 (o0:
     where the columns start in ot, j0 when ot is as wide as bt, 0 for a scratch tile): four rows
     of a at a time (each element of b loaded once for four output rows), along contiguous rows of
@@ -102,10 +113,10 @@ def _tile(at, bt, ot, j0, j1, o0, k0, k1, add, mul, nan):
             brow = bt[kk, j0:j1]
             for j in range(w):
                 y = brow[j]
-                r0[j] = _accumulate(add, _combine(mul, x0, y, nan), r0[j], nan)
-                r1[j] = _accumulate(add, _combine(mul, x1, y, nan), r1[j], nan)
-                r2[j] = _accumulate(add, _combine(mul, x2, y, nan), r2[j], nan)
-                r3[j] = _accumulate(add, _combine(mul, x3, y, nan), r3[j], nan)
+                r0[j] = _accumulate(add, _product(mul, x0, y, nan, zero), r0[j], nan)
+                r1[j] = _accumulate(add, _product(mul, x1, y, nan, zero), r1[j], nan)
+                r2[j] = _accumulate(add, _product(mul, x2, y, nan, zero), r2[j], nan)
+                r3[j] = _accumulate(add, _product(mul, x3, y, nan, zero), r3[j], nan)
         i0 += 4
     for i in range(i0, m):
         row = ot[i, o0:o0 + w]
@@ -113,7 +124,7 @@ def _tile(at, bt, ot, j0, j1, o0, k0, k1, add, mul, nan):
             x = at[i, kk]
             brow = bt[kk, j0:j1]
             for j in range(w):
-                row[j] = _accumulate(add, _combine(mul, x, brow[j], nan), row[j], nan)
+                row[j] = _accumulate(add, _product(mul, x, brow[j], nan, zero), row[j], nan)
 
 
 @numba.njit(inline="always")
@@ -136,7 +147,7 @@ def _tropical(a, b, ia, ib, zero, out, add, mul, nan):
         for j0 in range(0, n, max(1, jb)):
             j1 = min(n, j0 + jb)
             for k0 in range(0, kc, K_BLOCK):
-                _tile(at, bt, ot, j0, j1, j0, k0, min(kc, k0 + K_BLOCK), add, mul, nan)
+                _tile(at, bt, ot, j0, j1, j0, k0, min(kc, k0 + K_BLOCK), add, mul, nan, zero)
 
 
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
@@ -260,7 +271,7 @@ def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
         for j0 in range(0, n, max(1, jb)):
             j1 = min(n, j0 + jb)
             for blk in range(nb):
-                _tile(at, bt, blocks[blk], j0, j1, j0, blk * kb, min(kc, (blk + 1) * kb), add, mul, False)
+                _tile(at, bt, blocks[blk], j0, j1, j0, blk * kb, min(kc, (blk + 1) * kb), add, mul, False, zero)
         for i in range(m):  # the values, and the first block attaining each (in `first` until the search,
             # as -2 - block: a k found in an earlier block is not read as a block number)
             for j in range(n):
@@ -561,7 +572,7 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
                     for r in range(4):
                         for j in range(w):
                             tile[r, j] = worst
-                    _tile(at, bt, tile, 0, w, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False)
+                    _tile(at, bt, tile, 0, w, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False, zero)
                 for r in range(rows):
                     i = i0 + r
                     for s in range(K):  # 2. chosen[s, j]: the (s+1)-th best block so far (an insertion network)

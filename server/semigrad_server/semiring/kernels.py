@@ -149,7 +149,7 @@ def tropical_matmul(a, b, add: str = "max", mul: str = "mul", zero: float | None
     if kc == 0 or items * m * n == 0:
         count("tropical_matmul", implementation)
         return np.full(lead + (m, n), zero)
-    constant = _constant_operand(a, b, mul)
+    constant = _constant_operand(a, b, mul, zero)
     if constant is not None:
         count("tropical_matmul", "constant operand")
         return _tropical_constant(a, b, constant, lead, add, mul, zero)
@@ -164,15 +164,16 @@ def tropical_matmul(a, b, add: str = "max", mul: str = "mul", zero: float | None
     return _tropical_numpy(a, b, lead, add, mul, zero)
 
 
-def _constant_operand(a: np.ndarray, b: np.ndarray, mul: str) -> str | None:
+def _constant_operand(a: np.ndarray, b: np.ndarray, mul: str, zero: float) -> str | None:
     """"a" or "b" when that operand is one value everywhere (a seed 1̄, say) by which ⊗ is
     strictly increasing, so that ⊕_k c ⊗ x_k = c ⊗ (⊕_k x_k) exactly (rounding is
     monotone; no NaN appears that the products would not have made): c > 0 finite for ×,
-    c finite for +, any c but NaN for max and min."""
+    c finite for +, any c but NaN and 0̄ for max and min (0̄ annihilates a NaN product, which the
+    reduced form would not see)."""
     for name, x in (("a", a), ("b", b)):
         if _is_constant(x):
             c = float(x.flat[0])
-            if (c > 0 and math.isfinite(c)) if mul == "mul" else math.isfinite(c) if mul == "add" else c == c:
+            if (c > 0 and math.isfinite(c)) if mul == "mul" else math.isfinite(c) if mul == "add" else c == c != zero:
                 return name
     return None
 
@@ -215,6 +216,17 @@ def _matmul_shapes(a: np.ndarray, b: np.ndarray, what: str):
     return m, kc, b.shape[-1], np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
 
 
+def annihilate(products: np.ndarray, a, b, zero: float) -> np.ndarray:
+    """`products` (of a ⊗ b, broadcast) with every NaN product that has an operand equal to 0̄
+    (`zero`) set to 0̄, in place: 0̄ annihilates, 0 · ∞ and −∞ + ∞ included, so a path through a
+    zero partial is removed whatever else is on it (docs/semirings.md). One pass when no product
+    is NaN."""
+    nan = np.isnan(products)
+    if nan.any():
+        np.copyto(products, zero, where=nan & ((np.asarray(a) == zero) | (np.asarray(b) == zero)))
+    return products
+
+
 def _tropical_numpy(a, b, lead, add, mul, zero):
     """Blocked over k: per block, the products (kb, batch..., m, n) go into one reusable
     buffer and are ⊕-reduced over its first axis into the output (`out=` throughout). The
@@ -237,6 +249,7 @@ def _tropical_numpy(a, b, lead, add, mul, zero):
             tmp = np.empty_like(out)
             for k in range(kc):
                 combine(left[k], right[k], out=tmp)
+                annihilate(tmp, left[k], right[k], zero)
                 reduce_(out, tmp, out=out)
             return out
         tmp = np.empty((kb,) + out.shape)
@@ -245,6 +258,7 @@ def _tropical_numpy(a, b, lead, add, mul, zero):
             stop = min(kc, start + kb)
             t = tmp[: stop - start]
             combine(left[start:stop], right[start:stop], out=t)
+            annihilate(t, left[start:stop], right[start:stop], zero)
             reduce_.reduce(t, axis=0, out=part)
             reduce_(out, part, out=out)
     return out

@@ -44,7 +44,11 @@ class TropicalSemiring(Semiring):
         return kernels.UFUNCS[self.addition](a, b)
 
     def mul(self, a, b):
-        return kernels.UFUNCS[self.multiplication](a, b)
+        with np.errstate(invalid="ignore"):
+            product = kernels.UFUNCS[self.multiplication](a, b)
+        if type(product) is np.ndarray:
+            return kernels.annihilate(product, a, b, self.zero)
+        return np.float64(self.zero) if product != product and (a == self.zero or b == self.zero) else product
 
     def sum(self, a, axis, keepdims=False):
         return kernels.UFUNCS[self.addition].reduce(a, axis=tuple(axis), keepdims=keepdims, initial=self.zero)

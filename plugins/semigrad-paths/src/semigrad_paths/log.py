@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from semigrad_server.semiring import kernels
 from semigrad_server.semiring.base import MATMUL_BLOCK_ELEMENTS, Semiring
 
 # matmul: where the shifted sum of exponentials falls below this, terms may have underflowed
@@ -49,7 +50,12 @@ class LogSemiring(Semiring):
         return np.logaddexp(a, b)
 
     def mul(self, a, b):
-        return np.add(a, b)
+        with np.errstate(invalid="ignore"):
+            product = np.add(a, b)
+        # 0̄ = -inf annihilates: -inf + inf (a zero partial and an infinite one) is -inf, not NaN
+        if type(product) is np.ndarray:
+            return kernels.annihilate(product, a, b, -np.inf)
+        return np.float64(-np.inf) if product != product and (a == -np.inf or b == -np.inf) else product
 
     def lift(self, d):
         with np.errstate(divide="ignore"):
@@ -78,6 +84,9 @@ class LogSemiring(Semiring):
             out = np.log(s, out=s)
             out += am
             out += bm
+        # A NaN entry may come from 0̄ ⊗ ∞ (exp(-inf) · exp(inf) = 0 · inf in BLAS): recomputed
+        # exactly, where such products are 0̄
+        suspect |= np.isnan(out)
         if np.any(suspect):
             _exact_entries(a, b, out, suspect)
         return out
@@ -94,7 +103,9 @@ def _exact_entries(a: np.ndarray, b: np.ndarray, out: np.ndarray, which: np.ndar
     for start in range(0, len(index[0]), chunk):
         part = tuple(ix[start:start + chunk] for ix in index)
         batch, i, j = part[:-2], part[-2], part[-1]
-        terms = rows_of[batch + (i,)] + cols_of[batch + (j,)]  # (entries, k)
+        rows, cols = rows_of[batch + (i,)], cols_of[batch + (j,)]  # (entries, k)
+        with np.errstate(invalid="ignore"):
+            terms = kernels.annihilate(rows + cols, rows, cols, -np.inf)
         out[part] = logsumexp(terms, axis=(-1,))
 
 
