@@ -219,8 +219,12 @@ def _matmul_shapes(a: np.ndarray, b: np.ndarray, what: str):
 def annihilate(products: np.ndarray, a, b, zero: float) -> np.ndarray:
     """`products` (of a ⊗ b, broadcast) with every NaN product that has an operand equal to 0̄
     (`zero`) set to 0̄, in place: 0̄ annihilates, 0 · ∞ and −∞ + ∞ included, so a path through a
-    zero partial is removed whatever else is on it (docs/semirings.md). One pass when no product
-    is NaN."""
+    zero partial is removed whatever else is on it (docs/semirings.md). One pass and no
+    temporary when no product is NaN (nor +inf and -inf both: their sum is NaN too)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = np.sum(products)
+    if total == total:
+        return products
     nan = np.isnan(products)
     if nan.any():
         np.copyto(products, zero, where=nan & ((np.asarray(a) == zero) | (np.asarray(b) == zero)))
