@@ -45,8 +45,16 @@ def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None)
 
 def tensors_to_arrays(tensors: Mapping[str, pb.Tensor], what: str,
                       shared: Session | None = None) -> dict[str, np.ndarray]:
-    return {name: tensor_to_array(tensors[name], f"{what} {quoted(name)}", shared)
-            for name in tensors}  # (a protobuf map's items() is twice as slow)
+    arrays = {}
+    for name in tensors:  # (a protobuf map's items() is twice as slow)
+        tensor = tensors[name]
+        # An inline tensor that reads cleanly is read at once; any other (shared, empty, too many
+        # dimensions, refused) by tensor_to_array, whose message names it (built only then)
+        array = codec.inline_array(tensor)
+        if array is None or array.ndim > MAX_RANK:
+            array = tensor_to_array(tensor, f"{what} {quoted(name)}", shared)
+        arrays[name] = array
+    return arrays
 
 
 def arrays_to_tensors(arrays: Mapping[str, np.ndarray], writer: Writer | None = None) -> dict[str, pb.Tensor]:
@@ -55,6 +63,16 @@ def arrays_to_tensors(arrays: Mapping[str, np.ndarray], writer: Writer | None = 
     if writer is None:
         return {name: codec.to_tensor(a) for name, a in arrays.items()}
     return {name: writer.place(a) or codec.to_tensor(a) for name, a in arrays.items()}
+
+
+def put_tensors(target, arrays: Mapping[str, np.ndarray], writer: Writer | None = None) -> None:
+    """arrays_to_tensors into the message map `target` (empty), each tensor written in place."""
+    for name, a in arrays.items():
+        placed = writer.place(a) if writer is not None else None
+        if placed:
+            target[name].CopyFrom(placed)
+        else:
+            codec.write_tensor(target[name], a)
 
 
 def _attr(what: str, key: str, value: pb.AttrValue) -> object:
@@ -151,7 +169,14 @@ def is_plain_gradient(request: pb.GradientRequest) -> bool:
     """Whether `request` sets no field but PLAIN_GRADIENT_FIELDS: then its spec is plain. (Some
     plain specs come from requests this does not recognise, one naming the real semiring say:
     they take the general way.)"""
-    return all(field.name in PLAIN_GRADIENT_FIELDS for field, _ in request.ListFields())
+    for field, _ in request.ListFields():  # (a loop over descriptors: 2.1 µs, all() of names 3.8)
+        if field not in _PLAIN_GRADIENT_DESCRIPTORS:
+            return False
+    return True
+
+
+_PLAIN_GRADIENT_DESCRIPTORS = frozenset(field for field in pb.GradientRequest.DESCRIPTOR.fields
+                                        if field.name in PLAIN_GRADIENT_FIELDS)
 
 
 def gradient_spec(request: pb.GradientRequest, shared: Session | None = None,
@@ -181,25 +206,27 @@ def best_paths_of(request: pb.GradientRequest):
 def gradient_response(result, writer: Writer | None = None) -> pb.GradientResponse:
     """`writer`: the request's shared-memory output region, filled in this order (gradients first).
     Empty parts are left out of the message's constructor (most results have gradients only)."""
-    fields = {"gradients": arrays_to_tensors(result.gradients, writer)}
+    response = pb.GradientResponse()  # its tensors written in place (put_tensors), not built and copied in
+    put_tensors(response.gradients, result.gradients, writer)
     if result.outputs:
-        fields["outputs"] = arrays_to_tensors(result.outputs, writer)
+        put_tensors(response.outputs, result.outputs, writer)
     if result.components:
-        fields["components"] = {x: pb.Tensors(tensors=arrays_to_tensors(parts, writer))
-                                for x, parts in result.components.items()}
+        for x, parts in result.components.items():
+            put_tensors(response.components[x].tensors, parts, writer)
     if result.retained:
-        fields["retained"] = arrays_to_tensors(result.retained, writer)
+        put_tensors(response.retained, result.retained, writer)
     if result.records:
-        fields["records"] = {key: pb.Tensors(tensors=arrays_to_tensors(parts, writer))
-                             for key, parts in result.records.items()}
+        for key, parts in result.records.items():
+            put_tensors(response.records[key].tensors, parts, writer)
     if result.best_paths:
-        fields["best_paths"] = [pb.BestPath(
+        response.best_paths.extend([pb.BestPath(
             start=pb.ElementRef(input=p.input, index=p.index), output=p.output,
             steps=[pb.PathStep(node=node, index=index, partial=partial) for node, index, partial in p.steps],
-            value=p.value) for p in deadline.checking(result.best_paths, "writing the response", every=256)]
+            value=p.value) for p in deadline.checking(result.best_paths, "writing the response", every=256)])
     if result.semirings:
-        fields["semirings"] = {name: gradient_response(part, writer) for name, part in result.semirings.items()}
-    return pb.GradientResponse(**fields)
+        for name, part in result.semirings.items():
+            response.semirings[name].CopyFrom(gradient_response(part, writer))
+    return response
 
 
 def semiring_info(record) -> pb.SemiringInfo:

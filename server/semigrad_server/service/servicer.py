@@ -40,8 +40,11 @@ def rpc(method):
         bound = self.bound(context)
         stopped = None
         try:
-            with deadline.serving(bound):
+            token = deadline.CURRENT.set(bound)  # deadline.serving(bound), inline: every call comes here
+            try:
                 return method(self, status.decoded(request), context)
+            finally:
+                deadline.CURRENT.reset(token)
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             # When the work stopped: read before the interrupted work's objects are freed with its
             # frames, at the end of this clause (30,000 best paths: 0.1-0.2 s of deallocation).
@@ -133,32 +136,35 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
 
     @rpc
     def Evaluate(self, request, context):
-        with self.shared_memory.session(context.peer()) as shared:
+        with self.shared_memory.session(context.peer) as shared:
             spec = convert.evaluate_spec(request, shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
             outputs, nodes = self.engine.run_evaluate(spec, deadline.deadline())
-            return pb.EvaluateResponse(outputs=convert.arrays_to_tensors(outputs, writer),
-                                       nodes=convert.arrays_to_tensors(nodes, writer))
+            response = pb.EvaluateResponse()
+            convert.put_tensors(response.outputs, outputs, writer)
+            convert.put_tensors(response.nodes, nodes, writer)
+            return response
 
     @rpc
     def Gradient(self, request, context):
         return self._gradient(request, context, deadline.deadline())
 
     def _gradient(self, request, context, until, hook_run=None):
-        with self.shared_memory.session(context.peer()) as shared:
+        with self.shared_memory.session(context.peer) as shared:
             inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
             spec = None if convert.is_plain_gradient(request) else convert.gradient_spec(request, shared, inputs)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
             # A plain request whose input signature passed the checks before goes straight to its
             # plan, as run_gradient would send it, without a spec (most calls)
+            # (repeated fields sliced before they become tuples: upb iterates a slice's list faster)
             result = None if spec is not None else self.engine.remembered_gradient(
-                request.graph_id, inputs, tuple(request.wrt), tuple(request.outputs), request.return_outputs,
+                request.graph_id, inputs, tuple(request.wrt[:]), tuple(request.outputs[:]), request.return_outputs,
                 request.backend or "auto", until)
             if result is None:
                 if spec is None:
                     spec = convert.gradient_spec(request, shared, inputs)
                 result = self.engine.run_gradient(spec, until, hook_run)
-            if result.best_paths or any(part.best_paths for part in result.semirings.values()):
+            if result.best_paths or result.semirings and any(part.best_paths for part in result.semirings.values()):
                 # (a message of many best paths takes seconds to build: 420,000 path steps, ~2 s)
                 return deadline.interruptibly("writing the response", convert.gradient_response, result, writer)
             return convert.gradient_response(result, writer)  # its tensors' bytes: bounded before the work

@@ -46,6 +46,7 @@ import threading
 import time
 import urllib.parse
 from collections import OrderedDict
+from typing import Callable
 
 import numpy as np
 from semigrad import codec
@@ -116,8 +117,9 @@ class SharedMemory:
         self._cache: OrderedDict[str, _Region] = OrderedDict()
         self._last_sweep = time.monotonic()
 
-    def session(self, peer: str = "") -> Session:
-        """The regions of one request from `peer` (``context.peer()``; none: not local, so the
+    def session(self, peer: str | Callable[[], str] = "") -> Session:
+        """The regions of one request from `peer` (``context.peer()``, or ``context.peer`` itself,
+        called only when the request names a region: most name none; none: not local, so the
         request may not use shared memory): use as a context manager around decoding, computing
         and encoding."""
         return Session(self, peer)
@@ -269,7 +271,7 @@ class Session:
     """The shared-memory side of one request: its peer, the regions it proved access to (pinned),
     the input extents read, and the elements copied."""
 
-    def __init__(self, shm: SharedMemory, peer: str):
+    def __init__(self, shm: SharedMemory, peer: str | Callable[[], str]):
         self._shm = shm
         self._peer = peer
         self._local: bool | None = None  # whether the peer is local: parsed only when a region is named
@@ -291,6 +293,8 @@ class Session:
             raise FailedPrecondition(f"{what}: shared memory is disabled on this server "
                                      "(semigrad serve --no-shared-memory); send the tensors inline")
         if self._local is None:
+            if callable(self._peer):
+                self._peer = self._peer()
             self._local = is_local_peer(self._peer)
         if not self._local:
             raise FailedPrecondition(f"{what}: shared memory is only for clients on the server's host, and this "
