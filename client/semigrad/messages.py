@@ -113,6 +113,12 @@ def count(value, what: str) -> int:
 
 
 def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_tensor) -> Gradients | SemiringGradients:
+    fields = response.ListFields()
+    if len(fields) == 1 and fields[0][0] is _GRADIENTS:  # gradients alone (most responses): nothing else to read
+        gradients = Gradients(decode(fields[0][1], read))
+        gradients.outputs, gradients.components, gradients.best_paths, gradients.retained, gradients.records = (
+            {}, {}, [], {}, {})
+        return gradients
     if response.semirings:
         by_name = SemiringGradients({name: gradients_from(part, read) for name, part in response.semirings.items()})
         by_name.outputs = decode(response.outputs, read) if response.outputs else {}
@@ -126,6 +132,9 @@ def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_te
     gradients.records = ({key: decode(parts.tensors, read) for key, parts in response.records.items()}
                          if response.records else {})
     return gradients
+
+
+_GRADIENTS = pb.GradientResponse.DESCRIPTOR.fields_by_name["gradients"]
 
 
 def result_bytes(graph: RegisteredGraph, values: Mapping[str, np.ndarray], specs: Iterable[TensorSpec | None]) -> int:

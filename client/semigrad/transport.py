@@ -176,11 +176,15 @@ class Transport:
         send through :meth:`_tensor_callable`: written by wire.Outgoing from wire.THRESHOLD bytes
         of tensors, filled in by protobuf below."""
         target = message_at(message, path)
+        nbytes = 0
+        for arrays in tensors.values():
+            for a in arrays.values():
+                nbytes += getattr(a, "nbytes", 0)
+        if nbytes < wire.THRESHOLD:
+            fill(target, tensors, None)  # (which empties the maps first)
+            return message
         for field in tensors:
             target.ClearField(field)
-        if sum(getattr(a, "nbytes", 0) for arrays in tensors.values() for a in arrays.values()) < wire.THRESHOLD:
-            fill(target, tensors, None)
-            return message
         return wire.Outgoing(message, tensors, path)
 
     def _tensor_callable(self, method: str, path: tuple[str, ...] = ()):
@@ -288,7 +292,7 @@ def fill(request, tensors: Tensors, placement: Placement | None) -> None:
         target.clear()
         for name, array in arrays.items():
             if placement is None or array.size == 0:
-                target[name].CopyFrom(codec.to_tensor(array))
+                codec.write_tensor(target[name], array)  # (to_tensor's message, written in place)
             else:
                 target[name].CopyFrom(placement.tensor(array))
     if placement is not None:

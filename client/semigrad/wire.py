@@ -173,6 +173,9 @@ class Received:
         return len(self._raw)
 
     def read(self, tensor: pb.Tensor) -> np.ndarray:
+        array = codec.inline_array(tensor)  # (most tensors: inline and well formed)
+        if array is not None:
+            return array
         if tensor.WhichOneof("payload") != "shared" or tensor.shared.region != MARK:
             return codec.from_tensor(tensor)
         offset = tensor.shared.offset
