@@ -78,6 +78,8 @@ class Bound:
         else:
             self.cancelled_at = min(self.cancelled_at, now)
             self.cancelled = True
+        if not self.regions:  # (every call ends here, most with no region armed: no lock to take.) A region
+            return  # armed meanwhile sees the bound's new state when it is armed (_Watchdog.arm)
         with _LOCK:
             for region in list(self.regions):
                 region.fire()
