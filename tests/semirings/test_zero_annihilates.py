@@ -48,7 +48,8 @@ POINT = {"x": np.array([0.5, -1.5]), "A": np.array([[0.0, 1.0], [2.0, 3.0]]), "b
 def test_a_zero_partial_removes_a_path_with_an_infinite_one(client, semiring, elementwise_only):
     f = client.register(graph(elementwise_only))
     got = f.gradient(POINT, wrt=["x"], semiring=semiring)["x"]
-    np.testing.assert_allclose(np.asarray(got, dtype=np.float64).reshape(-1)[:2], CASES[semiring], rtol=1e-12)
+    assert got.shape == (2,)
+    np.testing.assert_allclose(got, CASES[semiring], rtol=1e-12)
 
 
 @pytest.mark.parametrize("elementwise_only", [False, True], ids=["matmul", "elementwise"])

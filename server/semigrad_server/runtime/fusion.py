@@ -4,9 +4,10 @@ A group is a tree of elementwise nodes whose inner values have no other use: it 
 step. Until it is hot the step calls the members' own NumPy kernels in turn (the same results
 as unfused); once it has processed HOT_ELEMENTS elements, and numba is installed, it is
 compiled in the background into one ufunc that makes a single pass over memory with no
-temporaries (or once it has been called HOT_CALLS times: a small group's elements add up slowly,
-and node by node it is a few NumPy calls of overhead each time). Only ops declared fusible (arithmetic, comparisons, selections: `OpDef.fusible`)
-fuse, so compiled results are the same IEEE operations as NumPy's.
+temporaries (or once it has been called HOT_CALLS times: a small group's elements add up
+slowly, and node by node it is a few NumPy calls of overhead each time). Only ops declared
+fusible (arithmetic, comparisons, selections: `OpDef.fusible`) fuse, so compiled results are the
+same IEEE operations as NumPy's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ log = logging.getLogger("semigrad.runtime")
 # fused loop makes (measured on the MLP: fusing tanh made the forward pass 2.5× slower).
 FUSIBLE_DTYPES = ("float64", "bool")
 HOT_ELEMENTS = 1 << 22  # elements through a group before compiling it pays (a compile: ~0.2 s)
-HOT_CALLS = 64  # or calls (as the JIT's HOT_SINGLE_CALLS): a 64-element group of 3 nodes took 17 µs a call, its ufunc ~3
+HOT_CALLS = 64  # or calls (as the JIT's HOT_SINGLE_CALLS): a 64-element group took 17 µs a call, ~3 compiled
 MAX_MEMBERS = 64
 
 

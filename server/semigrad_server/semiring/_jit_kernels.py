@@ -249,9 +249,9 @@ def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
     block; with WINNER_PANEL_ROWS rows or more, over a transposed copy of the block's rows of b,
     so that an entry's search reads b along k contiguously (down a column of b each k was a cache
     miss: 2/3 of the kernel's time on a BERT-width 32 × 768 × 3072 product; with fewer rows the
-    copy costs more than the misses it saves: a layer norm's 1 × 768 × 768 row products). Tracking the winning k in the vectorised loop itself
-    would need a select per product, which LLVM turns into a masked store (0.5 G products a
-    second against 4)."""
+    copy costs more than the misses it saves: a layer norm's 1 × 768 × 768 row products).
+    Tracking the winning k in the vectorised loop itself would need a select per product, which
+    LLVM turns into a masked store (0.5 G products a second against 4)."""
     items, m, n = value.shape
     kc = a.shape[2]
     nb = blocks.shape[0]
@@ -301,17 +301,11 @@ def _winners(a, b, ia, ib, zero, value, first, blocks, add, mul):
                         continue
                     v = value[t, i, j]
                     f_row[j] = -1  # (found below: the block's best is one of its products)
-                    if transposed:
-                        b_col = panel[j]
-                        for kk in range(k0, k1):
-                            if _combine(mul, x_row[kk], b_col[kk - k0], False) == v:
-                                f_row[j] = kk
-                                break
-                    else:
-                        for kk in range(k0, k1):
-                            if _combine(mul, x_row[kk], bt[kk, j], False) == v:
-                                f_row[j] = kk
-                                break
+                    for kk in range(k0, k1):
+                        y = panel[j, kk - k0] if transposed else bt[kk, j]
+                        if _combine(mul, x_row[kk], y, False) == v:
+                            f_row[j] = kk
+                            break
 
 
 @numba.njit(**_OPTIONS)
@@ -517,13 +511,13 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
     operands whose products cannot be NaN: ov/op/oq[t, i, j, :] = the K best of
     va[t, i, kk, p] ⊗ vb[t, kk, j, q] over kk, p, q by value, then pointer max(pa, pb) (smaller
     first), each with partial qa · qb. Operands: (items, m, kk, ranks) and (items, kk, n, ranks),
-    ranks sorted best first and ended by `zero`; `pointers`: bit 1 when a carries pointers, bit 2 when b does (NONE, -1, for a side without);
-    ov/op/oq filled with zero, -1, 0.
+    ranks sorted best first and ended by `zero`; `pointers`: bit 1 when a carries pointers, bit 2
+    when b does (NONE, -1, for a side without); ov/op/oq filled with zero, -1, 0.
 
     The same candidates in the same order as the one-pass kernel, minus those that cannot enter,
     tile by tile of KBEST_J_BLOCK columns (each tile's columns of b first copied compact):
-    1. best[blk, r, j] = the ⊕ of the heads va[..., 0] ⊗ vb[..., 0] over each of `blocks` blocks of kk, four
-       rows of a at a time (`_tile`, vectorised); ⊗ is monotone and ranks are sorted, so a
+    1. best[blk, r, j] = the ⊕ of the heads va[..., 0] ⊗ vb[..., 0] over each of `blocks` blocks
+       of kk, four rows of a at a time (`_tile`, vectorised); ⊗ is monotone and ranks are sorted, so a
        block's best head bounds every product in it.
     2. bound = the K-th best of an entry's block bests: K products from different kk, so no
        better than the K-th best value. Blocks strictly worse than the bound, or than the K-th

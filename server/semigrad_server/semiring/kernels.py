@@ -216,11 +216,14 @@ def _matmul_shapes(a: np.ndarray, b: np.ndarray, what: str):
     return m, kc, b.shape[-1], np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
 
 
-def annihilate(products: np.ndarray, a, b, zero: float) -> np.ndarray:
+def annihilate(products, a, b, zero: float):
     """`products` (of a ⊗ b, broadcast) with every NaN product that has an operand equal to 0̄
-    (`zero`) set to 0̄, in place: 0̄ annihilates, 0 · ∞ and −∞ + ∞ included, so a path through a
-    zero partial is removed whatever else is on it (docs/semirings.md). One pass and no
-    temporary when no product is NaN (nor +inf and -inf both: their sum is NaN too)."""
+    (`zero`) set to 0̄, in place (a number for numbers): 0̄ annihilates, 0 · ∞ and −∞ + ∞
+    included, so a path through a zero partial is removed whatever else is on it
+    (docs/semirings.md). One pass and no temporary when no product is NaN (nor +inf and -inf
+    both: their sum is NaN too)."""
+    if type(products) is not np.ndarray:
+        return np.float64(zero) if products != products and (a == zero or b == zero) else products
     with np.errstate(invalid="ignore", over="ignore"):
         total = np.sum(products)
     if total == total:

@@ -46,9 +46,7 @@ class TropicalSemiring(Semiring):
     def mul(self, a, b):
         with np.errstate(invalid="ignore"):
             product = kernels.UFUNCS[self.multiplication](a, b)
-        if type(product) is np.ndarray:
-            return kernels.annihilate(product, a, b, self.zero)
-        return np.float64(self.zero) if product != product and (a == self.zero or b == self.zero) else product
+        return kernels.annihilate(product, a, b, self.zero)
 
     def sum(self, a, axis, keepdims=False):
         return kernels.UFUNCS[self.addition].reduce(a, axis=tuple(axis), keepdims=keepdims, initial=self.zero)

@@ -53,9 +53,7 @@ class LogSemiring(Semiring):
         with np.errstate(invalid="ignore"):
             product = np.add(a, b)
         # 0̄ = -inf annihilates: -inf + inf (a zero partial and an infinite one) is -inf, not NaN
-        if type(product) is np.ndarray:
-            return kernels.annihilate(product, a, b, -np.inf)
-        return np.float64(-np.inf) if product != product and (a == -np.inf or b == -np.inf) else product
+        return kernels.annihilate(product, a, b, -np.inf)
 
     def lift(self, d):
         with np.errstate(divide="ignore"):
