@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from semigrad_server import collector
+from semigrad import collector
 
 
 @pytest.fixture(autouse=True)

@@ -81,6 +81,7 @@ from .hooks import Contribution, PreHook, ServerHook
 from .messages import Gradients, SemiringGradients
 from .reports import CrossCheckReport, Formulas, SymbolicGradient
 from .trace import trace
+from .paths import BestPaths
 from .specs import AttrSpec, BestPath, DerivativeRule, OpInfo, PathStep, SemiringInfo, TensorSpec
 from .torch_import import TorchImport, TorchImportError, from_torch
 from .viz import render_dot
@@ -88,7 +89,7 @@ from .viz import render_dot
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttrSpec", "BestPath", "Contribution", "PreHook", "ServerHook", "Cancelled", "Client", "CrossCheckReport", "CustomOp", "DeadlineExceeded",
+    "AttrSpec", "BestPath", "BestPaths", "Contribution", "PreHook", "ServerHook", "Cancelled", "Client", "CrossCheckReport", "CustomOp", "DeadlineExceeded",
     "DerivativeRule", "FailedPrecondition", "Formulas", "Gradients", "SemiringGradients", "Graph", "Handle", "Internal",
     "InvalidArgument", "NotFound", "PermissionDenied", "OpInfo", "PathStep", "RegisteredGraph", "ResourceExhausted", "SemigradError",
     "SemiringInfo", "SymbolicGradient", "TensorSpec", "Unavailable",

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import codec
 from .errors import InvalidArgument
+from .paths import BestPaths
 from .specs import BestPath, PathStep, TensorSpec
 from .v1 import semigrad_pb2 as pb
 
@@ -23,11 +24,12 @@ if TYPE_CHECKING:
 class Gradients(dict):
     """``{input name: gradient}``, plus what else a gradient call returned: ``outputs``
     (forward values, when asked), ``components`` (``{input: {component: array}}`` for tuple
-    semirings, when asked) and ``best_paths`` (a list of :class:`BestPath`)."""
+    semirings, when asked) and ``best_paths`` (:class:`BestPaths`: a sequence of
+    :class:`BestPath` kept as columns, when asked)."""
 
     outputs: dict[str, np.ndarray]
     components: dict[str, dict[str, np.ndarray]]
-    best_paths: list[BestPath]
+    best_paths: BestPaths | list
     retained: dict[str, np.ndarray]
     records: dict[str, dict[str, np.ndarray]]
 
@@ -127,11 +129,16 @@ def gradients_from(response: pb.GradientResponse, read: Callable = codec.from_te
     gradients.outputs = decode(response.outputs, read) if response.outputs else {}
     gradients.components = ({x: decode(parts.tensors, read) for x, parts in response.components.items()}
                             if response.components else {})
-    gradients.best_paths = [BestPath.from_proto(p) for p in response.best_paths] if response.best_paths else []
+    gradients.best_paths = paths_from(response.paths, read) if response.HasField("paths") else []
     gradients.retained = decode(response.retained, read) if response.retained else {}
     gradients.records = ({key: decode(parts.tensors, read) for key, parts in response.records.items()}
                          if response.records else {})
     return gradients
+
+
+def paths_from(table: pb.PathTable, read: Callable = codec.from_tensor) -> BestPaths:
+    return BestPaths(list(table.nodes), [tuple(s.values) for s in table.shapes], list(table.outputs),
+                     tuple(table.batch_shape), decode(table.columns, read), decode(table.values, read))
 
 
 _GRADIENTS = pb.GradientResponse.DESCRIPTOR.fields_by_name["gradients"]

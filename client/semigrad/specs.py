@@ -95,9 +95,9 @@ class SemiringInfo:
                    dict(m.parameters))
 
 
-@dataclass(frozen=True)
-class PathStep:
-    """An element of a node on a path, and the real partial of the edge that reached it."""
+class PathStep(NamedTuple):
+    """An element of a node on a path, and the real partial of the edge that reached it;
+    unpacks as ``(node, index, partial)``."""
 
     node: str
     index: tuple[int, ...]
@@ -112,8 +112,3 @@ class BestPath:
     output: str
     steps: tuple[PathStep, ...]
     value: dict
-
-    @classmethod
-    def from_proto(cls, m: pb.BestPath) -> BestPath:
-        return cls((m.start.input, tuple(m.start.index)), m.output,
-                   tuple(PathStep(s.node, tuple(s.index), s.partial) for s in m.steps), dict(m.value))

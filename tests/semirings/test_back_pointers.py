@@ -92,6 +92,7 @@ def check_all_paths(client, seed):
     c = case(seed)
     f = client.register(c.graph.client_graph())
     grads = f.gradient(c.inputs, seeds=c.seeds or None, semiring="max_product", best_path="all")
+    check_columns(grads.best_paths, bool(c.seeds))
     expected_starts = [(x, tuple(b) + tuple(int(i) for i in np.unravel_index(flat, shape)))
                        for x, shape in c.graph.inputs.items() for b in c.items()
                        for flat in range(math.prod(shape))]
@@ -120,11 +121,28 @@ def check_all_paths(client, seed):
     COMPARED[seed] = compared
 
 
+def check_columns(paths: sg.BestPaths, seeded: bool):
+    """The columns the paths came as read the same path by path (`paths[i]`) as all at once
+    (iteration), and without seeds each path's partials multiply to its value (max_product: |∂|
+    products; a seed's value at the path's output element is a factor no step shows)."""
+    assert isinstance(paths, sg.BestPaths)
+    one_by_one = [paths[i] for i in range(len(paths))]
+    assert one_by_one == list(paths)
+    assert paths.step_start[0] == 0 and paths.step_start[-1] == len(paths.step_node) == len(paths.step_partial)
+    for i, path in enumerate(one_by_one):
+        rows = paths.step_partial[paths.steps_of(i)]
+        assert [s.partial for s in path.steps] == rows.tolist()
+        assert paths.nodes[paths.input[i]] == path.start[0]
+        if path.steps and not seeded:
+            assert path.value["value"] == pytest.approx(math.prod(np.abs(rows).tolist()), rel=1e-12)
+
+
 def check_top_paths(client, seed):
     c = case(seed)
     k = 5
     f = client.register(c.graph.client_graph())
     grads = f.gradient(c.inputs, seeds=c.seeds or None, semiring="max_product", top_paths=k)
+    check_columns(grads.best_paths, bool(c.seeds))
     every = []  # (value, item, input, flat, steps, output) of every path of the graph
     for b in c.items():
         for x, shape in c.graph.inputs.items():
@@ -345,3 +363,20 @@ def test_kbest_top_paths_rank_by_the_kbest_values(client):
     every = np.sort(np.concatenate([kb.components[x]["kbest"].reshape(-1) for x in c.graph.inputs]))[::-1][:4]
     every = every[every > 0]
     assert [p.value["value"] for p in top.best_paths] == pytest.approx(every.tolist(), rel=1e-12)
+
+
+def test_paths_read_as_a_sequence_of_best_paths(client):
+    g = sg.Graph()
+    x = g.input("x", (3,))
+    g.output("y", sg.sum(sg.tanh(sg.mul(x, x, name="sq")), name="total"))
+    paths = client.register(g).gradient({"x": np.array([[0.1, -2.0, 0.0], [1.0, 0.5, 3.0]])},
+                                        semiring="max_product", best_path="all").best_paths
+    every = list(paths)
+    assert len(paths) == len(every) == 6 and repr(paths) == f"BestPaths(6 paths, {len(paths.step_node)} steps)"
+    assert paths[-1] == every[5] and paths[1:5:2] == every[1:5:2] and paths == every and paths != every[:5]
+    assert paths[2].steps == () and paths[2].output == "" and paths[2].value == {"value": 0.0}  # x = 0: no path
+    assert [s.node for s in paths[4].steps] == [paths.nodes[n] for n in paths.step_node[paths.steps_of(4)]]
+    assert [(s.node, s.index) for s in paths[4].steps] == [("x", (1,)), ("sq", (1,)), ("tanh_0", (1,)), ("total", ())]
+    assert [p.start for p in paths] == [("x", (b, i)) for b in range(2) for i in range(3)]
+    with pytest.raises(IndexError):
+        paths[6]

@@ -346,37 +346,38 @@ class Tensors(_message.Message):
     tensors: _containers.MessageMap[str, Tensor]
     def __init__(self, tensors: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
-class PathStep(_message.Message):
-    __slots__ = ("node", "index", "partial")
-    NODE_FIELD_NUMBER: _ClassVar[int]
-    INDEX_FIELD_NUMBER: _ClassVar[int]
-    PARTIAL_FIELD_NUMBER: _ClassVar[int]
-    node: str
-    index: _containers.RepeatedScalarFieldContainer[int]
-    partial: float
-    def __init__(self, node: _Optional[str] = ..., index: _Optional[_Iterable[int]] = ..., partial: _Optional[float] = ...) -> None: ...
-
-class BestPath(_message.Message):
-    __slots__ = ("start", "output", "steps", "value")
-    class ValueEntry(_message.Message):
+class PathTable(_message.Message):
+    __slots__ = ("nodes", "shapes", "outputs", "batch_shape", "columns", "values")
+    class ColumnsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
-        value: float
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
-    START_FIELD_NUMBER: _ClassVar[int]
-    OUTPUT_FIELD_NUMBER: _ClassVar[int]
-    STEPS_FIELD_NUMBER: _ClassVar[int]
-    VALUE_FIELD_NUMBER: _ClassVar[int]
-    start: ElementRef
-    output: str
-    steps: _containers.RepeatedCompositeFieldContainer[PathStep]
-    value: _containers.ScalarMap[str, float]
-    def __init__(self, start: _Optional[_Union[ElementRef, _Mapping]] = ..., output: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[PathStep, _Mapping]]] = ..., value: _Optional[_Mapping[str, float]] = ...) -> None: ...
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SHAPES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    shapes: _containers.RepeatedCompositeFieldContainer[IntList]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    batch_shape: _containers.RepeatedScalarFieldContainer[int]
+    columns: _containers.MessageMap[str, Tensor]
+    values: _containers.MessageMap[str, Tensor]
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., shapes: _Optional[_Iterable[_Union[IntList, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., batch_shape: _Optional[_Iterable[int]] = ..., columns: _Optional[_Mapping[str, Tensor]] = ..., values: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class GradientResponse(_message.Message):
-    __slots__ = ("gradients", "outputs", "components", "best_paths", "retained", "records", "semirings")
+    __slots__ = ("gradients", "outputs", "components", "retained", "records", "semirings", "paths")
     class GradientsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -422,18 +423,18 @@ class GradientResponse(_message.Message):
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     COMPONENTS_FIELD_NUMBER: _ClassVar[int]
-    BEST_PATHS_FIELD_NUMBER: _ClassVar[int]
     RETAINED_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     SEMIRINGS_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
     gradients: _containers.MessageMap[str, Tensor]
     outputs: _containers.MessageMap[str, Tensor]
     components: _containers.MessageMap[str, Tensors]
-    best_paths: _containers.RepeatedCompositeFieldContainer[BestPath]
     retained: _containers.MessageMap[str, Tensor]
     records: _containers.MessageMap[str, Tensors]
     semirings: _containers.MessageMap[str, GradientResponse]
-    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ..., components: _Optional[_Mapping[str, Tensors]] = ..., best_paths: _Optional[_Iterable[_Union[BestPath, _Mapping]]] = ..., retained: _Optional[_Mapping[str, Tensor]] = ..., records: _Optional[_Mapping[str, Tensors]] = ..., semirings: _Optional[_Mapping[str, GradientResponse]] = ...) -> None: ...
+    paths: PathTable
+    def __init__(self, gradients: _Optional[_Mapping[str, Tensor]] = ..., outputs: _Optional[_Mapping[str, Tensor]] = ..., components: _Optional[_Mapping[str, Tensors]] = ..., retained: _Optional[_Mapping[str, Tensor]] = ..., records: _Optional[_Mapping[str, Tensors]] = ..., semirings: _Optional[_Mapping[str, GradientResponse]] = ..., paths: _Optional[_Union[PathTable, _Mapping]] = ...) -> None: ...
 
 class ListSemiringsRequest(_message.Message):
     __slots__ = ()

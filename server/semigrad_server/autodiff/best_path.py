@@ -8,40 +8,26 @@ every ⊕ it makes keeps the winner's pointer (tie-break: the value ⊕ returns,
 smaller id: the output first, then consumers in graph order, then element index).
 
 A path is then read by following pointers: O(path length) per path, no local Jacobian,
-batched over batch items and requested elements (one NumPy gather per node and step).
+batched over batch items and requested elements (one NumPy gather per node and step), into
+columns (semigrad.paths.BestPaths): no Python object per path or step.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
-from itertools import repeat
-from operator import attrgetter, itemgetter
 from typing import Sequence
 
 import numpy as np
+from semigrad.paths import BestPaths
 
-from .. import collector, ir
+from .. import ir
 from ..deadline import check
 from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..runtime.outputs import OutputKey
 from ..semiring.pointers import OUTPUT
 from .reverse import BackwardGraph
 
-STEPS_BETWEEN_CHECKS = 1 << 16  # path steps appended between two deadline checks (~20 ms)
-STARTS_BETWEEN_CHECKS = 1 << 14  # paths made between two deadline checks
-
 ALL = "all"  # best_path="all": every element of every differentiated input
 MAX_TOP_PATHS = 64  # top_paths=k: at most this k (the k-best carrier holds 3k arrays per value)
-
-
-@dataclass(slots=True)
-class BestPathResult:
-    input: str
-    index: tuple[int, ...]
-    output: str = ""
-    steps: list[tuple[str, tuple[int, ...], float]] = field(default_factory=list)  # (node, element, partial)
-    value: dict[str, float] = field(default_factory=dict)
 
 
 def longest_steps(cg, wrt: Sequence[str]) -> dict[str, int]:
@@ -113,48 +99,27 @@ def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[s
             for x, (bs, es, ps) in by_input.items()]
 
 
-def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
+def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> BestPaths:
     """The best path from each requested start, in request order (`s`: the PointerSemiring the
     plan ran under; `results`: the plan's, with every node's adjoint under OutputKey.adjoint)."""
-    with collector.paused():  # a path and a tuple per step: no cycles to collect
-        return _trace_best_paths(cg, backward, s, results, batch, requests)
-
-
-def _trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> list[BestPathResult]:
     walker = _Walker(cg, backward, s, results, batch, 1)
     groups = start_elements(cg, backward, batch, requests)
-    paths: list = [None] * sum(len(g[3]) for g in groups)
+    table = _Table(walker, sum(len(g[3]) for g in groups), s.base.read(s.base.zeros(())))
     zero = s.base.zeros(())
     for x, b, e, positions in groups:
         check("tracing best paths")
-        indices = walker.full_indices(x, b, e)
+        table.start(positions, x, b, e)
         if backward.gradients.get(x) is None:
-            nothing = {key: float(v) for key, v in s.base.read(zero).items()}
-            for position, index in zip(positions.tolist(), indices):
-                paths[position] = BestPathResult(x, index, "", [], dict(nothing))
+            table.value(positions, s.base.read(zero))
             continue
         value, ptr, partial = walker.read(results[OutputKey.gradient(x)], x, b, e)
-        read = {key: np.asarray(arr, dtype=np.float64).reshape(-1).tolist() for key, arr in s.base.read(value).items()}
-        if len(read) == 1:
-            (key, column), = read.items()
-            values = [{key: v} for v in column]
-        else:
-            values = [dict(zip(read, row)) for row in zip(*read.values())]
-        mine = []
-        for start in range(0, len(indices), STARTS_BETWEEN_CHECKS):  # one call per path, no default factories
-            stop = start + STARTS_BETWEEN_CHECKS
-            mine += map(BestPathResult, repeat(x), indices[start:stop], repeat(""), ([] for _ in range(start, stop)),
-                        values[start:stop])
-            check("tracing best paths")
-        for position, p in zip(positions.tolist(), mine):
-            paths[position] = p
-        alive = ~np.asarray(s.base.equal(value, zero, rtol=0, atol=0)) & (ptr >= 0)
-        here = np.nonzero(alive)[0]
-        walker.follow([mine[i] for i in here.tolist()], b[here], ptr[here], partial[here])
-    return paths
+        table.value(positions, s.base.read(value))
+        alive = np.flatnonzero(~np.asarray(s.base.equal(value, zero, rtol=0, atol=0)) & (ptr >= 0))
+        walker.follow(table, positions[alive], b[alive], ptr[alive], partial[alive])
+    return table.paths()
 
 
-def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> list[BestPathResult]:
+def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> BestPaths:
     """The k best paths of the whole graph, best first (`s`: the KBestPointerSemiring the plan
     ran under). Equal values: the earlier input (wrt order), batch item, element, then rank."""
     walker = _Walker(cg, backward, s, results, batch, k)
@@ -169,20 +134,69 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> l
         value = walker.read(results[OutputKey.gradient(x)], x, b, e)
         v, p, q = (np.stack(value[j * k:(j + 1) * k], axis=-1).reshape(-1) for j in range(3))
         found.append((v, p, q, np.full(v.shape, number), np.repeat(b, k), np.repeat(e, k)))
+    table = _Table(walker, 0, s.base.read(np.zeros(0)))
     if not found:
-        return []
+        return table.paths()
     v, p, q, number, b, e = (np.concatenate(parts) for parts in zip(*found))
     rank = np.tile(np.arange(k), v.size // k)
     real = (v != zero) & (v == v) & (p >= 0)  # a NaN product is no path's value (nor a rank's filler)
     sign = 1.0 if s.base.addition == "max" else -1.0
     order = np.flatnonzero(real)[np.lexsort((rank[real], e[real], b[real], number[real], -sign * v[real]))][:k]
+    table = _Table(walker, order.size, s.base.read(np.zeros(0)))
     names = list(backward.gradients)
-    paths = [BestPathResult(names[number[i]], walker.full_index(names[number[i]], int(b[i]), int(e[i])),
-                            value={key: float(np.asarray(val).reshape(-1)[0])
-                                   for key, val in s.base.read(np.array([v[i]])).items()})
-             for i in order.tolist()]
-    walker.follow(paths, b[order], p[order], q[order])
-    return paths
+    positions = np.arange(order.size)
+    for n in np.unique(number[order]).tolist():
+        mine = number[order] == n
+        table.start(positions[mine], names[n], b[order][mine], e[order][mine])
+    table.value(positions, s.base.read(v[order]))
+    walker.follow(table, positions, b[order], p[order], q[order])
+    return table.paths()
+
+
+class _Table:
+    """The columns of BestPaths being filled: a path's start and value by its position, and its
+    steps as the walker reaches them (step j of every path followed together)."""
+
+    def __init__(self, walker: _Walker, size: int, components: dict):
+        self.walker = walker
+        self.input, self.batch, self.element = (np.zeros(size, dtype=np.int64) for _ in range(3))
+        self.output = np.zeros(size, dtype=np.int64)  # 0: outputs[0], "" (no steps)
+        self.values = {key: np.zeros(size) for key in components}
+        self.chunks: list[tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray | float]] = []
+
+    def start(self, positions: np.ndarray, x: str, b: np.ndarray, e: np.ndarray) -> None:
+        self.input[positions] = self.walker.node_number(x)
+        self.batch[positions], self.element[positions] = b, e
+
+    def value(self, positions: np.ndarray, read: dict) -> None:
+        for key, column in self.values.items():
+            column[positions] = np.asarray(read[key], dtype=np.float64).reshape(-1)
+
+    def step(self, positions: np.ndarray, j: int, nodes: np.ndarray, elements: np.ndarray, partials) -> None:
+        """Step j of the paths at `positions` (each path's steps come in order j = 0, 1, ...)."""
+        self.chunks.append((positions, j, nodes, elements, partials))
+
+    def paths(self) -> BestPaths:
+        """The filled columns: every path's steps made contiguous (path i's step j at
+        step_start[i] + j)."""
+        size = self.input.size
+        lengths = np.zeros(size, dtype=np.int64)
+        for positions, *_ in self.chunks:
+            lengths[positions] += 1
+        step_start = np.zeros(size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=step_start[1:])
+        total = int(step_start[-1])
+        node, element, partial = np.zeros(total, dtype=np.int64), np.zeros(total, dtype=np.int64), np.zeros(total)
+        for i, (positions, j, nodes, elements, partials) in enumerate(self.chunks):
+            if i % 64 == 0:
+                check("tracing best paths")
+            rows = step_start[positions] + j
+            node[rows], element[rows], partial[rows] = nodes, elements, partials
+        w = self.walker
+        return BestPaths(w.nodes, [w.cg.types[n].shape for n in w.nodes], w.outputs, w.batch.shape,
+                         {"input": self.input, "batch": self.batch, "element": self.element, "output": self.output,
+                          "step_start": step_start, "step_node": node, "step_element": element,
+                          "step_partial": partial}, self.values)
 
 
 class _Walker:
@@ -191,24 +205,22 @@ class _Walker:
     def __init__(self, cg, backward: BackwardGraph, s, results, batch, k: int):
         self.cg, self.s, self.results, self.batch, self.k = cg, s, results, batch, k
         offsets = backward.context.offsets
-        self.names = list(offsets)
+        self.names = list(offsets)  # the nodes pointers name, by number
         self.starts = np.array([offsets[n] for n in self.names], dtype=np.float64)
-        self.output_names: dict[str, str] = {}
+        self.nodes = list(self.names)  # the table's nodes: these, then the inputs paths start at
+        self.numbers = {n: i for i, n in enumerate(self.nodes)}
+        output_names: dict[str, str] = {}
         for name, ref in backward.outputs.items():
-            self.output_names.setdefault(ref, name)
+            output_names.setdefault(ref, name)
+        self.outputs = [""] + list(dict.fromkeys(output_names.values()))
+        self.output_of = {ref: self.outputs.index(name) for ref, name in output_names.items()}
+        self.ends = np.array([self.output_of.get(n, 0) for n in self.names] + [0], dtype=np.int64)
 
-    def full_indices(self, ref: str, b: np.ndarray, e: np.ndarray) -> list[tuple[int, ...]]:
-        """Full indices (batch dimensions first) of flat batch items b, flat elements e (vectorised)."""
-        shape, batch = self.cg.types[ref].shape, self.batch.shape
-        parts = (list(np.unravel_index(b, batch)) if batch else []) + (list(np.unravel_index(e, shape)) if shape else [])
-        if not parts:
-            return [()] * len(b)
-        return list(zip(*(part.tolist() for part in parts)))
-
-    def full_index(self, ref: str, b: int, e: int) -> tuple[int, ...]:
-        shape, batch = self.cg.types[ref].shape, self.batch.shape
-        return (tuple(int(i) for i in np.unravel_index(b, batch)) if batch else ()) + \
-            (tuple(int(i) for i in np.unravel_index(e, shape)) if shape else ())
+    def node_number(self, name: str) -> int:
+        if name not in self.numbers:
+            self.numbers[name] = len(self.nodes)
+            self.nodes.append(name)
+        return self.numbers[name]
 
     def read(self, value, ref: str, b: np.ndarray, e: np.ndarray) -> tuple:
         """Every component of node `ref`'s adjoint at flat batch items b, flat elements e."""
@@ -216,24 +228,26 @@ class _Walker:
         where = (np.unravel_index(b, batch) if batch else ()) + (np.unravel_index(e, shape) if shape else ())
         return tuple(np.broadcast_to(np.broadcast_to(c, batch + shape)[where], np.shape(b)) for c in value)
 
-    def follow(self, paths: list[BestPathResult], b: np.ndarray, ptr: np.ndarray, partial: np.ndarray) -> None:
-        """Append every step of each path (started at its input element, whose adjoint holds
-        `ptr` and `partial` at batch item `b`), one gather per node and step for all paths."""
-        k, nb = self.k, len(self.batch.shape)
-        steps = [p.steps for p in paths]
-        # (calls mapped over the paths, as below: no Python frame per path or step)
-        deque(map(list.append, steps, zip(map(attrgetter("input"), paths),
-                                          map(itemgetter(slice(nb, None)), map(attrgetter("index"), paths)),
-                                          repeat(1.0))), maxlen=0)
-        here = np.arange(len(paths))
-        at = np.full(len(paths), -1)  # index into names of the node each path is at (-1: its input)
+    def follow(self, table: _Table, here: np.ndarray, b: np.ndarray, ptr: np.ndarray, partial: np.ndarray) -> None:
+        """Every step of the paths at positions `here` of `table` (started at their input
+        element, whose adjoint holds `ptr` and `partial` at batch item `b`), one gather per node
+        and step for all paths."""
+        k = self.k
+        table.step(here, 0, table.input[here], table.element[here], 1.0)
+        inputs = table.input[here]
+        at = np.full(here.size, -1)  # the number of the node each path is at (-1: its input)
+        j = 1
         while here.size:
             check("tracing best paths")
             ids, rank = np.divmod(ptr, k)
             ended = ids == OUTPUT
-            self._name_outputs(paths, here[ended], at[ended])
+            if ended.any():
+                last = at[ended]
+                table.output[here[ended]] = np.where(
+                    last < 0, [self.output_of.get(self.nodes[n], 0) for n in inputs[ended].tolist()], self.ends[last])
             go = ~ended & (ptr > 0)
-            here, b, ids, rank, partial = here[go], b[go], ids[go], rank[go].astype(np.int64), partial[go]
+            here, b, ids, rank, partial, inputs = here[go], b[go], ids[go], rank[go].astype(np.int64), partial[go], \
+                inputs[go]
             node = np.searchsorted(self.starts, ids, side="right") - 1
             flat = (ids - self.starts[node]).astype(np.int64)
             ptr, nxt_partial = np.empty(here.shape), np.empty(here.shape)
@@ -242,28 +256,8 @@ class _Walker:
                 sel = np.flatnonzero(node == n)
                 ref = self.names[n]
                 comps = self.read(self.results[OutputKey.adjoint(ref)], ref, b[sel], flat[sel])
-                r = rank[sel]
-                rows = np.arange(sel.size)
+                rows, r = np.arange(sel.size), rank[sel]
                 ptr[sel] = np.stack(comps[k:2 * k], axis=-1)[rows, r]
                 nxt_partial[sel] = np.stack(comps[2 * k:], axis=-1)[rows, r]
-                shape = self.cg.types[ref].shape
-                elems = list(zip(*(c.tolist() for c in np.unravel_index(flat[sel], shape)))) if shape \
-                    else [()] * sel.size
-                owners = list(map(steps.__getitem__, here[sel].tolist()))
-                partials = partial[sel].tolist()
-                for start in range(0, sel.size, STEPS_BETWEEN_CHECKS):  # list.append mapped: no Python frame per step
-                    stop = start + STEPS_BETWEEN_CHECKS
-                    deque(map(list.append, owners[start:stop], zip(repeat(ref), elems[start:stop], partials[start:stop])),
-                          maxlen=0)
-                    check("tracing best paths")
-            at, partial = node, nxt_partial
-
-    def _name_outputs(self, paths: list[BestPathResult], ended: np.ndarray, at: np.ndarray) -> None:
-        """Each ended path's output: the output of the node it ended at (at -1: its input is one)."""
-        for n in np.unique(at).tolist():
-            ending = list(map(paths.__getitem__, ended[at == n].tolist()))
-            if n < 0:
-                for p in ending:
-                    p.output = self.output_names.get(p.input, "")
-            else:
-                deque(map(setattr, ending, repeat("output"), repeat(self.output_names.get(self.names[n], ""))), maxlen=0)
+            table.step(here, j, node, flat, partial)
+            at, partial, j = node, nxt_partial, j + 1

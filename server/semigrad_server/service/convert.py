@@ -6,9 +6,9 @@ from typing import Mapping
 
 import numpy as np
 from semigrad import codec
+from semigrad.paths import BestPaths
 from semigrad.v1 import semigrad_pb2 as pb
 
-from .. import deadline
 from ..engine.specs import EvaluateSpec, GradientSpec, HookRequest
 from ..errors import InvalidArgument, quoted
 from ..ir import MAX_RANK, Graph, InputSpec, Node, OpDefinition, Type
@@ -218,15 +218,22 @@ def gradient_response(result, writer: Writer | None = None) -> pb.GradientRespon
     if result.records:
         for key, parts in result.records.items():
             put_tensors(response.records[key].tensors, parts, writer)
-    if result.best_paths:
-        response.best_paths.extend([pb.BestPath(
-            start=pb.ElementRef(input=p.input, index=p.index), output=p.output,
-            steps=[pb.PathStep(node=node, index=index, partial=partial) for node, index, partial in p.steps],
-            value=p.value) for p in deadline.checking(result.best_paths, "writing the response", every=256)])
+    if isinstance(result.best_paths, BestPaths):
+        put_paths(response.paths, result.best_paths, writer)
     if result.semirings:
         for name, part in result.semirings.items():
             response.semirings[name].CopyFrom(gradient_response(part, writer))
     return response
+
+
+def put_paths(table: pb.PathTable, paths: BestPaths, writer: Writer | None = None) -> None:
+    table.nodes.extend(paths.nodes)
+    for shape in paths.shapes:
+        table.shapes.add().values.extend(shape)
+    table.outputs.extend(paths.outputs)
+    table.batch_shape.extend(paths.batch_shape)
+    put_tensors(table.columns, paths.columns, writer)
+    put_tensors(table.values, paths.values, writer)
 
 
 def semiring_info(record) -> pb.SemiringInfo:

@@ -164,9 +164,6 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                 if spec is None:
                     spec = convert.gradient_spec(request, shared, inputs)
                 result = self.engine.run_gradient(spec, until, hook_run)
-            if result.best_paths or result.semirings and any(part.best_paths for part in result.semirings.values()):
-                # (a message of many best paths takes seconds to build: 420,000 path steps, ~2 s)
-                return deadline.interruptibly("writing the response", convert.gradient_response, result, writer)
             return convert.gradient_response(result, writer)  # its tensors' bytes: bounded before the work
 
     def GradientWithHooks(self, request_iterator, context):

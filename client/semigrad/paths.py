@@ -1,0 +1,125 @@
+"""Best paths as columns: what a ``best_path`` or ``top_paths`` request returns.
+
+A request for every element's best path at BERT size returns ~100,000 paths and tens of
+millions of steps: a Python object per step would cost more than the backward pass that found
+them. The engine, the wire (``PathTable``) and the client keep them as arrays, one row per
+path and one per step; :class:`BestPaths` reads a path as a :class:`BestPath` when it is asked
+for (``paths[i]``, iteration), and hands the columns to code that works on arrays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from itertools import repeat
+from typing import Mapping
+
+import numpy as np
+
+from . import collector
+from .specs import BestPath, PathStep
+
+# Per path: its input (position in `nodes`), flat batch item, flat element of the input, the
+# output it reaches (position in `outputs`), and where its steps start (one more entry: the end).
+PATH_COLUMNS = ("input", "batch", "element", "output", "step_start")
+# Per step: its node (position in `nodes`), flat element of that node, and the real partial of
+# the edge into it (1 at the path's start).
+STEP_COLUMNS = ("step_node", "step_element", "step_partial")
+
+
+class BestPaths(Sequence):
+    """Paths ``0 .. len - 1`` (best first for ``top_paths``; in request order for ``best_path``).
+
+    Path i starts at element ``element[i]`` of input ``nodes[input[i]]`` in batch item
+    ``batch[i]`` (flat indices), reaches output ``outputs[output[i]]`` ("" if none: a path of
+    value 0̄ has no steps), has value ``values[component][i]``, and its steps are rows
+    ``step_start[i]`` to ``step_start[i + 1] - 1`` of ``step_node``, ``step_element`` (flat in
+    ``shapes[step_node]``) and ``step_partial``: its input element first, then each element it
+    passes through, up to the output's.
+    """
+
+    def __init__(self, nodes: Sequence[str], shapes: Sequence[tuple[int, ...]], outputs: Sequence[str],
+                 batch_shape: tuple[int, ...], columns: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray]):
+        self.nodes, self.shapes, self.outputs = list(nodes), [tuple(s) for s in shapes], list(outputs)
+        self.batch_shape = tuple(batch_shape)
+        for name in PATH_COLUMNS + STEP_COLUMNS:
+            setattr(self, name, np.asarray(columns[name]))
+        self.values = {key: np.asarray(v) for key, v in values.items()}
+        self._read: list[BestPath] | None = None
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in PATH_COLUMNS + STEP_COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self.input)
+
+    def __getitem__(self, i):
+        if self._read is not None:
+            return self._read[i]
+        if isinstance(i, slice):
+            return [self._path(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"path {i} of {n}")
+        return self._path(i % n)
+
+    def __iter__(self):
+        if self._read is None:
+            with collector.paused():  # a tuple per step: no cycles to collect
+                self._read = self._all()
+        return iter(self._read)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (BestPaths, list, tuple)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # equal to a list of the same paths, and mutable as lists are
+
+    def __repr__(self) -> str:
+        return f"BestPaths({len(self)} paths, {len(self.step_node)} steps)"
+
+    def steps_of(self, i: int) -> slice:
+        """Path i's rows of the step columns."""
+        return slice(int(self.step_start[i]), int(self.step_start[i + 1]))
+
+    def _path(self, i: int) -> BestPath:
+        node = int(self.input[i])
+        start = _index(int(self.batch[i]), self.batch_shape) + _index(int(self.element[i]), self.shapes[node])
+        rows = self.steps_of(i)
+        steps = tuple(PathStep(self.nodes[n], _index(e, self.shapes[n]), p) for n, e, p in zip(
+            self.step_node[rows].tolist(), self.step_element[rows].tolist(), self.step_partial[rows].tolist()))
+        return BestPath((self.nodes[node], start), self.outputs[int(self.output[i])], steps,
+                        {key: float(v[i]) for key, v in self.values.items()})
+
+    def _all(self) -> list[BestPath]:
+        """Every path, its indices unravelled node by node (vectorised) rather than step by step."""
+        indices = _indices(self.step_node, self.step_element, self.shapes)
+        names = list(map(self.nodes.__getitem__, self.step_node.tolist()))
+        # (tuple.__new__ mapped: PathStep's own __new__ is a Python call, half the time of this)
+        steps = list(map(tuple.__new__, repeat(PathStep), zip(names, indices, self.step_partial.tolist())))
+        starts = [b + e for b, e in zip(_indices(np.zeros_like(self.batch), self.batch, [self.batch_shape]),
+                                        _indices(self.input, self.element, self.shapes))]
+        bounds = self.step_start.tolist()
+        values = [dict(zip(self.values, row)) for row in zip(*(v.tolist() for v in self.values.values()))] \
+            if self.values else [{} for _ in range(len(self))]
+        return [BestPath((self.nodes[n], start), self.outputs[o], tuple(steps[bounds[i]:bounds[i + 1]]), value)
+                for i, (n, start, o, value) in enumerate(zip(self.input.tolist(), starts, self.output.tolist(), values))]
+
+
+def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def _indices(which: np.ndarray, flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The full index of each flat[r] in shapes[which[r]], as tuples (one unravel per shape)."""
+    out: list = [()] * len(flat)
+    for n in np.unique(which).tolist():
+        shape = shapes[n]
+        if not shape:
+            continue
+        rows = np.flatnonzero(which == n)
+        parts = np.unravel_index(flat[rows], shape)
+        deque(map(out.__setitem__, rows.tolist(), zip(*(p.tolist() for p in parts))), maxlen=0)  # no frame per row
+    return out
