@@ -243,8 +243,11 @@ class _Walker:
             ended = ids == OUTPUT
             if ended.any():
                 last = at[ended]
-                table.output[here[ended]] = np.where(
-                    last < 0, [self.output_of.get(self.nodes[n], 0) for n in inputs[ended].tolist()], self.ends[last])
+                reached = self.ends[last]
+                itself = last < 0  # ended at its input: an input that is an output
+                if itself.any():
+                    reached[itself] = [self.output_of.get(self.nodes[n], 0) for n in inputs[ended][itself].tolist()]
+                table.output[here[ended]] = reached
             go = ~ended & (ptr > 0)
             here, b, ids, rank, partial, inputs = here[go], b[go], ids[go], rank[go].astype(np.int64), partial[go], \
                 inputs[go]
