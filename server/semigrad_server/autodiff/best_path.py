@@ -134,22 +134,23 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> B
         value = walker.read(results[OutputKey.gradient(x)], x, b, e)
         v, p, q = (np.stack(value[j * k:(j + 1) * k], axis=-1).reshape(-1) for j in range(3))
         found.append((v, p, q, np.full(v.shape, number), np.repeat(b, k), np.repeat(e, k)))
-    table = _Table(walker, 0, s.base.read(np.zeros(0)))
+    components = s.base.read(np.zeros(0))
     if not found:
-        return table.paths()
+        return _Table(walker, 0, components).paths()
     v, p, q, number, b, e = (np.concatenate(parts) for parts in zip(*found))
     rank = np.tile(np.arange(k), v.size // k)
     real = (v != zero) & (v == v) & (p >= 0)  # a NaN product is no path's value (nor a rank's filler)
     sign = 1.0 if s.base.addition == "max" else -1.0
     order = np.flatnonzero(real)[np.lexsort((rank[real], e[real], b[real], number[real], -sign * v[real]))][:k]
-    table = _Table(walker, order.size, s.base.read(np.zeros(0)))
+    v, p, q, number, b, e = (a[order] for a in (v, p, q, number, b, e))
+    table = _Table(walker, order.size, components)
     names = list(backward.gradients)
     positions = np.arange(order.size)
-    for n in np.unique(number[order]).tolist():
-        mine = number[order] == n
-        table.start(positions[mine], names[n], b[order][mine], e[order][mine])
-    table.value(positions, s.base.read(v[order]))
-    walker.follow(table, positions, b[order], p[order], q[order])
+    for n in np.unique(number).tolist():
+        mine = number == n
+        table.start(positions[mine], names[n], b[mine], e[mine])
+    table.value(positions, s.base.read(v))
+    walker.follow(table, positions, b, p, q)
     return table.paths()
 
 
