@@ -365,6 +365,25 @@ def test_kbest_top_paths_rank_by_the_kbest_values(client):
     assert [p.value["value"] for p in top.best_paths] == pytest.approx(every.tolist(), rel=1e-12)
 
 
+@pytest.mark.parametrize("params", [None, {"k": 1}, {"k": 5}])
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_kbest_answers_its_own_gradient_beside_its_top_paths(client, params, shape):
+    g = sg.Graph()
+    x = g.input("x", shape)
+    g.output("y", sg.sum(sg.tanh(x * x) * 3.0 + x))
+    f = client.register(g)
+    point = {"x": np.array([[0.5, 0.2, -1.0], [2.0, -0.3, 0.0]])[:, :shape[0]] if shape else np.array([0.5, -1.5])}
+    alone = f.gradient(point, semiring="kbest", semiring_params=params, return_components=True)
+    for top_paths in (2, 7):
+        both = f.gradient(point, semiring="kbest", semiring_params=params, return_components=True, top_paths=top_paths)
+        np.testing.assert_array_equal(both["x"], alone["x"])
+        assert both.components["x"].keys() == alone.components["x"].keys()
+        for name, value in alone.components["x"].items():
+            np.testing.assert_array_equal(both.components["x"][name], value)
+        paths = int(np.sum(1 + 2 * (point["x"] != 0)))  # x*x: two paths (of value 0 at x = 0), + x: a third
+        assert len(both.best_paths) == min(top_paths, paths)
+
+
 def test_paths_read_as_a_sequence_of_best_paths(client):
     g = sg.Graph()
     x = g.input("x", (3,))

@@ -119,9 +119,11 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -
     return table.paths()
 
 
-def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> BestPaths:
-    """The k best paths of the whole graph, best first (`s`: the KBestPointerSemiring the plan
-    ran under). Equal values: the earlier input (wrt order), batch item, element, then rank."""
+def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, count: int) -> BestPaths:
+    """The `count` best paths of the whole graph, best first (`s`: the KBestPointerSemiring the
+    plan ran under, with at least `count` ranks). Equal values: the earlier input (wrt order),
+    batch item, element, then rank."""
+    k = s.k
     walker = _Walker(cg, backward, s, results, batch, k)
     items = int(np.prod(batch.shape, dtype=np.int64))
     zero = s.base.zero
@@ -141,7 +143,7 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, k: int) -> B
     rank = np.tile(np.arange(k), v.size // k)
     real = (v != zero) & (v == v) & (p >= 0)  # a NaN product is no path's value (nor a rank's filler)
     sign = 1.0 if s.base.addition == "max" else -1.0
-    order = np.flatnonzero(real)[np.lexsort((rank[real], e[real], b[real], number[real], -sign * v[real]))][:k]
+    order = np.flatnonzero(real)[np.lexsort((rank[real], e[real], b[real], number[real], -sign * v[real]))][:count]
     v, p, q, number, b, e = (a[order] for a in (v, p, q, number, b, e))
     table = _Table(walker, order.size, components)
     names = list(backward.gradients)

@@ -278,7 +278,11 @@ class Engine:
                      if spec.top_paths else
                      interruptibly("tracing best paths", trace_best_paths, cg, compiled.backward, plan_semiring, results,
                                    batch, spec.best_paths))
-            results = {k: plan_semiring.value_of(v) if isinstance(v, tuple) else v for k, v in results.items()}
+            if s.name == "kbest":  # its own gradient: its k best values, the carrier's first k ranks
+                results = {key: (v[0] if s.k == 1 else tuple(v[:s.k])) if isinstance(v, tuple) else v
+                           for key, v in results.items()}
+            else:
+                results = {key: plan_semiring.value_of(v) if isinstance(v, tuple) else v for key, v in results.items()}
         result = gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
         result.best_paths = paths
         return result
@@ -291,7 +295,10 @@ class Engine:
             raise InvalidArgument("top_paths and best_path both given: ask for one kind of path per request")
         if not 1 <= k <= MAX_TOP_PATHS:
             raise InvalidArgument(f"top_paths must be between 1 and {MAX_TOP_PATHS}, got {k}")
-        base = self.semirings.get("max_product", None) if s.name == "kbest" else s
+        if s.name == "kbest":  # its values are the first ranks of max_product's: kept as many as either needs
+            base, k = self.semirings.get("max_product", None), max(k, s.k)
+        else:
+            base = s
         try:
             return KBestPointerSemiring(base, k)
         except ValueError as e:
