@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import grpc
 import numpy as np
@@ -23,7 +24,7 @@ from test_op_gradients import CASES, build
 
 import semigrad as sg
 from semigrad_server.engine import Engine
-from semigrad_server.errors import ResourceExhausted
+from semigrad_server.errors import InvalidArgument, ResourceExhausted
 from semigrad_server.limits import Limits
 from semigrad_server.service.convert import graph_from_proto
 
@@ -298,6 +299,24 @@ def test_max_path_steps_is_checked_before_work_on_both_sides():
         assert type(excinfo.value).__name__ == "ResourceExhausted", excinfo.value
         assert "max_path_steps = 23" in str(excinfo.value) and "'x'" in str(excinfo.value) or \
             "top_paths" in str(excinfo.value)
+
+
+@pytest.mark.parametrize("start, message", [
+    (("w", (0, 1)), "'w', which is not a differentiated input"),
+    (("x", (0, 4)), "does not address an element of input 'x' (shape [2, 4]"),
+    (("x", (1,)), "does not address an element"),
+    (("x", (2, 0)), "does not address an element"),
+])
+def test_a_bad_start_is_refused_before_work(start, message):
+    engine = Engine()
+    gid = engine.register(graph_from_proto(chain(2, 4).to_proto()))[0].id
+    plans = engine.get(gid).plans
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        engine.gradient(gid, {"x": np.ones((2, 4))}, semiring="max_product", best_paths=[("x", (1, 3)), start])
+    assert len(plans) == 0  # refused before the gradient's plan was compiled, let alone run
+    assert len(engine.gradient(gid, {"x": np.ones((2, 4))}, semiring="max_product",
+                               best_paths=[("x", (1, 3)), ("x", (-1, -4))]).best_paths) == 2
+    assert len(plans) == 1
 
 
 def test_the_k_best_carriers_are_counted_before_work():

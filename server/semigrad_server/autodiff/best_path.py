@@ -64,15 +64,17 @@ def check_path_steps(cg, wrt: Sequence[str], requests, batch_size: int, max_step
                                 f"is max_path_steps = {max_steps}: ask for fewer paths or a smaller batch")
 
 
-def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+def start_elements(cg, wrt: Sequence[str], batch_shape: tuple[int, ...], requests) -> list[
+        tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
     """(input, flat batch items, flat elements, positions in the answer) of every requested start,
     one group per input (`requests`: (input, full index) pairs, or ALL: every element of every
-    differentiated input, input by input in row-major order of the full index)."""
-    nb = len(batch.shape)
-    items = int(np.prod(batch.shape, dtype=np.int64))
+    differentiated input, input by input in row-major order of the full index). Checked before
+    any work: INVALID_ARGUMENT naming a start that is no element of a differentiated input."""
+    nb = len(batch_shape)
+    items = int(np.prod(batch_shape, dtype=np.int64))
     if requests == ALL:
         groups, at = [], 0
-        for x in backward.gradients:
+        for x in wrt:
             size = cg.types[x].size
             b, e = np.divmod(np.arange(items * size, dtype=np.int64), size)
             groups.append((x, b, e, np.arange(at, at + b.size)))
@@ -82,28 +84,28 @@ def start_elements(cg, backward: BackwardGraph, batch, requests) -> list[tuple[s
     for position, (name, index) in enumerate(requests):
         if position % 4096 == 0:
             check("reading the best paths asked for")
-        if name not in backward.gradients:
+        if name not in wrt:
             raise InvalidArgument(f"best path requested from {quoted(name)}, which is not a differentiated input "
-                                  f"(wrt: {', '.join(backward.gradients)})")
+                                  f"(wrt: {', '.join(wrt)})")
         shape = cg.types[name].shape
-        full_shape = batch.shape + shape
+        full_shape = batch_shape + shape
         if len(index) != len(full_shape) or not all(-d <= i < d for i, d in zip(index, full_shape)):
             raise InvalidArgument(f"best path index {list(index)} does not address an element of input '{name}' "
                                   f"(shape {list(full_shape)}, batch dimensions first)")
         index = tuple(i % d for i, d in zip(index, full_shape))
         bs, es, ps = by_input.setdefault(name, ([], [], []))
-        bs.append(int(np.ravel_multi_index(index[:nb], batch.shape)) if nb else 0)
+        bs.append(int(np.ravel_multi_index(index[:nb], batch_shape)) if nb else 0)
         es.append(int(np.ravel_multi_index(index[nb:], shape)) if shape else 0)
         ps.append(position)
     return [(x, np.array(bs, dtype=np.int64), np.array(es, dtype=np.int64), np.array(ps))
             for x, (bs, es, ps) in by_input.items()]
 
 
-def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, requests) -> BestPaths:
+def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, groups) -> BestPaths:
     """The best path from each requested start, in request order (`s`: the PointerSemiring the
-    plan ran under; `results`: the plan's, with every node's adjoint under OutputKey.adjoint)."""
+    plan ran under; `results`: the plan's, with every node's adjoint under OutputKey.adjoint;
+    `groups`: start_elements')."""
     walker = _Walker(cg, backward, s, results, batch, 1)
-    groups = start_elements(cg, backward, batch, requests)
     table = _Table(walker, sum(len(g[3]) for g in groups), s.base.read(s.base.zeros(())))
     zero = s.base.zeros(())
     for x, b, e, positions in groups:

@@ -14,7 +14,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir, telemetry, tenancy
-from ..autodiff.best_path import MAX_TOP_PATHS, check_path_steps, longest_steps, trace_best_paths, trace_top_paths
+from ..autodiff.best_path import (MAX_TOP_PATHS, check_path_steps, longest_steps, start_elements, trace_best_paths,
+                                  trace_top_paths)
 from ..deadline import interruptibly
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, quoted
 from ..hooks import run as hooks_run
@@ -233,6 +234,7 @@ class Engine:
         for name in seeded:
             seeds[name], shape = checked_seed(cg, name, seeds[name], shape)
             cg.check_rank(shape, f"the seed for output {quoted(name)}")
+        starts = start_elements(cg, wrt, shape, spec.best_paths) if spec.best_paths else None
 
         key = GradientPlanKey(plan_semiring.key, tuple(names), tuple(wrt), seeded, spec.return_outputs, bool(spec.best_paths or spec.top_paths),
                               compile_kind(backend), spec.retain, tuple(slot_key(slot) for slot in slots))
@@ -277,7 +279,7 @@ class Engine:
                                    batch, spec.top_paths)
                      if spec.top_paths else
                      interruptibly("tracing best paths", trace_best_paths, cg, compiled.backward, plan_semiring, results,
-                                   batch, spec.best_paths))
+                                   batch, starts))
             if s.name == "kbest":  # its own gradient: its k best values, the carrier's first k ranks
                 results = {key: (v[0] if s.k == 1 else tuple(v[:s.k])) if isinstance(v, tuple) else v
                            for key, v in results.items()}
