@@ -43,9 +43,43 @@ class BestPaths(Sequence):
         self.nodes, self.shapes, self.outputs = list(nodes), [tuple(s) for s in shapes], list(outputs)
         self.batch_shape = tuple(batch_shape)
         for name in PATH_COLUMNS + STEP_COLUMNS:
+            if name not in columns:
+                raise ValueError(f"best paths without their column {name!r}")
             setattr(self, name, np.asarray(columns[name]))
         self.values = {key: np.asarray(v) for key, v in values.items()}
         self._read: list[BestPath] | None = None
+        self._check()
+
+    def _check(self) -> None:
+        """ValueError naming the first column that does not describe paths (a response from a
+        server is read only once it does: every index in range, every length agreeing)."""
+        paths, steps = len(self.input), len(self.step_node)
+        if len(self.shapes) != len(self.nodes) or not self.outputs:
+            raise ValueError(f"best paths with {len(self.nodes)} nodes, {len(self.shapes)} shapes and "
+                             f"{len(self.outputs)} outputs")
+        if any(d < 0 for shape in [self.batch_shape, *self.shapes] for d in shape):
+            raise ValueError("best paths with a negative dimension in their shapes")
+        sizes = np.array([np.prod(shape, dtype=np.int64) for shape in self.shapes], dtype=np.int64)
+        items = np.prod(self.batch_shape, dtype=np.int64)
+        expected = [(name, getattr(self, name), paths, "i") for name in PATH_COLUMNS[:-1]] + [
+            ("step_start", self.step_start, paths + 1, "i"), ("step_node", self.step_node, steps, "i"),
+            ("step_element", self.step_element, steps, "i"), ("step_partial", self.step_partial, steps, "f")] + [
+            (f"values[{key!r}]", column, paths, "f") for key, column in self.values.items()]
+        for name, column, length, kind in expected:
+            if column.ndim != 1 or len(column) != length or column.dtype.kind != kind:
+                raise ValueError(f"best paths' column {name} holds {column.dtype} of shape {column.shape}: "
+                                 f"{'integers' if kind == 'i' else 'floats'} of shape ({length},) expected")
+        start = self.step_start
+        if start[0] != 0 or start[-1] != steps or np.any(start[1:] < start[:-1]):
+            raise ValueError(f"best paths' column step_start does not split their {steps} steps in order")
+        for name, column, bound in (("input", self.input, len(self.nodes)), ("step_node", self.step_node, len(self.nodes)),
+                                    ("output", self.output, len(self.outputs)), ("batch", self.batch, items)):
+            if column.size and (column.min() < 0 or column.max() >= bound):
+                raise ValueError(f"best paths' column {name} holds a value outside 0..{bound - 1}")
+        for name, column, of in (("element", self.element, self.input), ("step_element", self.step_element,
+                                                                         self.step_node)):
+            if column.size and (column.min() < 0 or np.any(column >= sizes[of])):
+                raise ValueError(f"best paths' column {name} holds an element outside its node's shape")
 
     @property
     def columns(self) -> dict[str, np.ndarray]:

@@ -23,6 +23,7 @@ from path_reference import random_case
 from test_op_gradients import CASES, build
 
 import semigrad as sg
+from semigrad import codec
 from semigrad_server.engine import Engine
 from semigrad_server.errors import InvalidArgument, ResourceExhausted
 from semigrad_server.limits import Limits
@@ -418,3 +419,72 @@ def test_paths_read_as_a_sequence_of_best_paths(client):
     assert [p.start for p in paths] == [("x", (b, i)) for b in range(2) for i in range(3)]
     with pytest.raises(IndexError):
         paths[6]
+
+
+def _tampered(columns: dict, name: str, change) -> dict:
+    columns = {key: np.array(value) for key, value in columns.items()}
+    columns[name] = change(columns[name])
+    return columns
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("step_start", lambda c: np.concatenate([c[:1], [-1], c[2:]]), "step_start does not split"),
+    ("step_start", lambda c: c[:-1], "step_start holds"),
+    ("step_start", lambda c: c + 1, "step_start does not split"),
+    ("step_node", lambda c: c + 100, "step_node holds a value outside"),
+    ("input", lambda c: c - 100, "input holds a value outside"),
+    ("output", lambda c: c - 2, "output holds a value outside"),
+    ("batch", lambda c: np.zeros(10 ** 4, dtype=np.int64), "batch holds int64 of shape (10000,)"),
+    ("batch", lambda c: c + 2, "batch holds a value outside 0..1"),
+    ("element", lambda c: c + 3, "element holds an element outside"),
+    ("step_element", lambda c: c + 3, "step_element holds an element outside"),
+    ("step_partial", lambda c: c.astype(np.int64), "step_partial holds int64"),
+    ("step_node", lambda c: c.astype(np.float64), "step_node holds float64"),
+    ("element", lambda c: c.reshape(-1, 1), "element holds"),
+    ("step_node", None, "without their column 'step_node'"),
+])
+def test_a_path_table_that_does_not_describe_paths_is_refused(name, change, message):
+    """What a client reads from a server (or a proxy in between) is checked before a path is made."""
+    from semigrad.messages import paths_from
+    from semigrad.v1 import semigrad_pb2 as pb
+    from semigrad_server.service.convert import put_paths, put_tensors
+
+    engine = Engine()
+    gid = engine.register(graph_from_proto(chain(2, 3).to_proto()))[0].id
+    paths = engine.gradient(gid, {"x": np.array([[0.1, 0.0, 0.3], [1.0, 2.0, -1.0]])}, semiring="max_product",
+                            best_paths="all").best_paths
+    table = pb.PathTable()
+    put_paths(table, paths)
+    assert paths_from(table) == paths and len(paths) == 6
+    columns = dict(paths.columns)
+    if change is None:
+        del columns[name]
+    else:
+        columns = _tampered(columns, name, change)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sg.BestPaths(paths.nodes, paths.shapes, paths.outputs, paths.batch_shape, columns, paths.values)
+    table.columns.clear()
+    put_tensors(table.columns, columns)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        paths_from(table)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.shapes[0].values.append(-2), "negative dimension"),
+    (lambda t: t.batch_shape.__setitem__(0, -1), "negative dimension"),
+    (lambda t: t.nodes.append("extra"), "nodes,"),
+    (lambda t: t.values["value"].Clear() or codec.write_tensor(t.values["value"], np.zeros(1)),
+     "values['value'] holds float64 of shape (1,)"),
+])
+def test_a_path_table_with_wrong_names_or_shapes_is_refused(change, message):
+    from semigrad.messages import paths_from
+    from semigrad.v1 import semigrad_pb2 as pb
+    from semigrad_server.service.convert import put_paths
+
+    engine = Engine()
+    gid = engine.register(graph_from_proto(chain(1, 2).to_proto()))[0].id
+    table = pb.PathTable()
+    put_paths(table, engine.gradient(gid, {"x": np.ones((3, 2))}, semiring="max_product", best_paths="all").best_paths)
+    change(table)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        paths_from(table)
