@@ -130,22 +130,33 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, count: int) 
     items = int(np.prod(batch.shape, dtype=np.int64))
     zero = s.base.zero
     found = []  # (values, ptrs, partials, input number, batch items, elements), flattened with rank last
+    sign = 1.0 if s.base.addition == "max" else -1.0
     for number, (x, ref) in enumerate(backward.gradients.items()):
         if ref is None:
             continue
         size = cg.types[x].size
         b, e = np.divmod(np.arange(items * size, dtype=np.int64), size)
         value = walker.read(results[OutputKey.gradient(x)], x, b, e)
-        v, p, q = (np.stack(value[j * k:(j + 1) * k], axis=-1).reshape(-1) for j in range(3))
-        found.append((v, p, q, np.full(v.shape, number), np.repeat(b, k), np.repeat(e, k)))
+        parts = []
+        for j in range(3):  # values, pointers, partials: (elements · k) each, rank last
+            check("tracing best paths")
+            parts.append(np.stack(value[j * k:(j + 1) * k], axis=-1).reshape(-1))
+        v, p, q = parts
+        check("tracing best paths")
+        # the candidates: real ranks (a NaN product is no path's value, nor a rank's filler), and
+        # of those only values as good as the count-th best (its ties kept): sorted below
+        kept = np.flatnonzero((v != zero) & (v == v) & (p >= 0))
+        if kept.size > count:
+            key = -sign * v[kept]
+            kept = kept[key <= np.partition(key, count - 1)[count - 1]]
+        at, rank = np.divmod(kept, k)
+        found.append((v[kept], p[kept], q[kept], np.full(kept.shape, number), b[at], e[at], rank))
     components = s.base.read(np.zeros(0))
     if not found:
         return _Table(walker, 0, components).paths()
-    v, p, q, number, b, e = (np.concatenate(parts) for parts in zip(*found))
-    rank = np.tile(np.arange(k), v.size // k)
-    real = (v != zero) & (v == v) & (p >= 0)  # a NaN product is no path's value (nor a rank's filler)
-    sign = 1.0 if s.base.addition == "max" else -1.0
-    order = np.flatnonzero(real)[np.lexsort((rank[real], e[real], b[real], number[real], -sign * v[real]))][:count]
+    check("tracing best paths")
+    v, p, q, number, b, e, rank = (np.concatenate(parts) for parts in zip(*found))
+    order = np.lexsort((rank, e, b, number, -sign * v))[:count]
     v, p, q, number, b, e = (a[order] for a in (v, p, q, number, b, e))
     table = _Table(walker, order.size, components)
     names = list(backward.gradients)
