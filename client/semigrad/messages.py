@@ -81,7 +81,7 @@ def best_path_fields(best_path) -> dict:
     """best_path=: "all", or (input name, full index) pairs."""
     if isinstance(best_path, str):
         if best_path != "all":
-            raise ValueError(f'best_path must be "all" or a list of (input, index) pairs, not {best_path!r}')
+            raise InvalidArgument(f'best_path must be "all" or a list of (input, index) pairs, not {best_path!r}')
         return {"best_path_all": True}
     return {"best_paths": [pb.ElementRef(input=name, index=element_index(index, f"best_path start on input '{name}'"))
                            for name, index in best_path or ()]}
@@ -104,7 +104,9 @@ def element_index(index, what: str) -> list[int]:
 
 def count(value, what: str) -> int:
     """A whole number given for `what` (top_paths=2.5 is refused, not cut to 2), as the message's
-    int32 field holds it."""
+    int32 field holds it; top_paths=True is refused too, not read as 1)."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{what} is a whole number, got {value!r}")
     try:
         number = operator.index(value)
     except TypeError:

@@ -9,6 +9,7 @@ for (``paths[i]``, iteration), and hands the columns to code that works on array
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
@@ -89,14 +90,16 @@ class BestPaths(Sequence):
         return len(self.input)
 
     def __getitem__(self, i):
-        if self._read is not None:
-            return self._read[i]
         if isinstance(i, slice):
-            return [self._path(j) for j in range(*i.indices(len(self)))]
+            return self._read[i] if self._read is not None else [self._path(j) for j in range(*i.indices(len(self)))]
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"paths are indexed by integers or slices, not {type(i).__name__}") from None
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"path {i} of {n}")
-        return self._path(i % n)
+        return self._read[i] if self._read is not None else self._path(i % n)
 
     def __iter__(self):
         if self._read is None:

@@ -348,8 +348,10 @@ def test_refusals_name_what_is_wrong(client):
     with pytest.raises(sg.SemigradError) as excinfo:
         f.gradient(point, semiring="max_product", top_paths=2, best_path=[("x", (0,))])
     assert excinfo.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    with pytest.raises(ValueError):
+    with pytest.raises(sg.InvalidArgument, match="best_path must be"):
         f.gradient(point, semiring="max_product", best_path="every")
+    with pytest.raises(sg.InvalidArgument, match="top_paths is a whole number, got True"):
+        f.gradient(point, semiring="max_product", top_paths=True)
 
 
 @pytest.mark.parametrize("hook", [lambda g: 2 * g, sg.ServerHook("scale", factor=2.0),
@@ -417,8 +419,14 @@ def test_paths_read_as_a_sequence_of_best_paths(client):
     assert [s.node for s in paths[4].steps] == [paths.nodes[n] for n in paths.step_node[paths.steps_of(4)]]
     assert [(s.node, s.index) for s in paths[4].steps] == [("x", (1,)), ("sq", (1,)), ("tanh_0", (1,)), ("total", ())]
     assert [p.start for p in paths] == [("x", (b, i)) for b in range(2) for i in range(3)]
-    with pytest.raises(IndexError):
-        paths[6]
+    for read in (False, True):  # before and after the paths were read all at once
+        if read:
+            list(paths)
+        with pytest.raises(IndexError):
+            paths[6]
+        with pytest.raises(TypeError, match="integers or slices, not float"):
+            paths[1.0]
+        assert paths[np.int64(4)] == every[4]
 
 
 def _tampered(columns: dict, name: str, change) -> dict:
