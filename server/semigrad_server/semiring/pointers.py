@@ -149,6 +149,20 @@ class PointerSemiring(Semiring):
         return v, ptr, np.broadcast_to(np.float64(1.0), ptr.shape)
 
 
+def _unstacked(parts) -> np.ndarray | None:
+    """The (..., k) array whose last axis `parts` are (as _unstack leaves them: the previous
+    k-best op's result), or None: stacking them again would copy it."""
+    whole = parts[0].base
+    if whole is None or whole.shape != parts[0].shape + (len(parts),) or whole.dtype != parts[0].dtype:
+        return None
+    start, step = whole.__array_interface__["data"][0], whole.strides[-1]
+    for r, part in enumerate(parts):
+        if part.base is not whole or part.strides != whole.strides[:-1] or \
+                part.__array_interface__["data"][0] != start + r * step:
+            return None
+    return whole
+
+
 class KBestPointerSemiring(Semiring):
     """The k best path values of a max- or min-ordered semiring (a `TropicalSemiring`:
     max_product, maxplus, minplus, bottleneck), each with its back-pointer and edge partial:
@@ -189,7 +203,9 @@ class KBestPointerSemiring(Semiring):
         out = []
         for r in range(3):
             check("in a k-best step")
-            out.append(np.stack(parts[r * k:(r + 1) * k], -1))
+            group = parts[r * k:(r + 1) * k]
+            whole = _unstacked(group)
+            out.append(np.stack(group, -1) if whole is None else whole)
         return tuple(out)
 
     def _unstack(self, v, p, q):
