@@ -385,7 +385,7 @@ def nan_free_products(a: np.ndarray, b: np.ndarray, mul: str) -> bool:
     (overflow is ±inf); with infinities, × makes one from 0 · ∞ and + from ∞ − ∞ (log-space
     semirings' operands hold -∞ for 0̄, and need no NaN check for it). Reads the operands a few
     times (m·k + k·n) against the product's m·k·n."""
-    if _all_finite(a) and _all_finite(b):
+    if all_finite(a) and all_finite(b):
         return True
     if np.isnan(a).any() or np.isnan(b).any():
         return False
@@ -396,7 +396,7 @@ def nan_free_products(a: np.ndarray, b: np.ndarray, mul: str) -> bool:
     return True  # max and min of non-NaN operands
 
 
-def _all_finite(x: np.ndarray) -> bool:
+def all_finite(x: np.ndarray) -> bool:
     """No NaN or ±inf in x: its sum is finite (one pass, no temporary; an infinity or NaN
     anywhere makes the sum one), or, when the sum overflowed, every element is."""
     with np.errstate(over="ignore", invalid="ignore"):
