@@ -645,10 +645,9 @@ def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, o
 
 
 @numba.njit(**_OPTIONS)
-def magnitude_entropy(d, p, r, tiny):
-    """p = |d| and r = -(log(max(p, tiny)) · p) elementwise over flat arrays: the NumPy form's
-    operations in one pass (its log is libm's, as NumPy's without AVX-512)."""
-    for i in range(d.size):
-        x = abs(d[i])
-        p[i] = x
+def neg_xlogx(p, r, tiny):
+    """r = -(log(max(p, tiny)) · p) elementwise over flat arrays: the NumPy form's operations in
+    one pass (its log is libm's, as NumPy's without AVX-512)."""
+    for i in range(p.size):
+        x = p[i]
         r[i] = -(math.log(x if x > tiny else tiny) * x)

@@ -662,40 +662,39 @@ def _pairs(k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array([p for p, _ in pairs], dtype=np.intp), np.array([q for _, q in pairs], dtype=np.intp)
 
 
-# ---------------------------------------------------------------- magnitude_entropy
+# ---------------------------------------------------------------- neg_xlogx
 
 _TINY = np.float64(5e-324)  # the smallest positive float64
 
 
-def magnitude_entropy(d, backend: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(p, r) with p = |d| and r = -p log p, 0 log 0 = 0 (NaN stays NaN): the entropy
-    semiring's lift of local partials d (converted to float64). Both are new arrays laid out as
-    d is when d is contiguous (a weight's local derivative is often its transpose, and passes
-    between differently ordered arrays are strided), else C-ordered.
+def neg_xlogx(p, backend: str | None = None) -> np.ndarray:
+    """-p log p elementwise for p ≥ 0 (converted to float64), 0 log 0 = 0, NaN stays NaN: the
+    entropy semiring's R of lifted partials p = |d|. A new array laid out as p is when p is
+    contiguous (a weight's local derivative is often its transpose, and passes between
+    differently ordered arrays are strided), else C-ordered.
 
-    The NumPy form takes five passes (log of max(p, smallest subnormal) is log p for every p > 0
+    The NumPy form takes four passes (log of max(p, smallest subnormal) is log p for every p > 0
     and a finite -744.4 at p = 0, whose product with p is then 0); the compiled one does the same
-    operations in one (a 768 × 3072 weight: ~33 → ~23 ms, nearly all of it the logs). Their values
-    are equal where both call libm's log, within an ulp where NumPy has a SIMD log of its own
-    (AVX-512). backend: as for `tropical_matmul`."""
-    d = np.asarray(d, dtype=np.float64)
-    implementation = _choose(backend, d.size)
-    count("magnitude_entropy", implementation)
-    if implementation == "numba" and (d.flags.c_contiguous or d.flags.f_contiguous):
-        p, r = np.empty_like(d), np.empty_like(d)  # d's layout (K order), so all three ravel as views
+    operations in one (nearly all of its time is the logs: a 768 × 3072 weight, ~17 ms). Their
+    values are equal where both call libm's log, within an ulp where NumPy has a SIMD log of its
+    own (AVX-512). backend: as for `tropical_matmul`."""
+    p = np.asarray(p, dtype=np.float64)
+    implementation = _choose(backend, p.size)
+    count("neg_xlogx", implementation)
+    if implementation == "numba" and (p.flags.c_contiguous or p.flags.f_contiguous):
+        r = np.empty_like(p)  # p's layout (K order), so both ravel as views
         try:
-            _jit().magnitude_entropy(readonly(d.ravel(order="K")), p.ravel(order="K"), r.ravel(order="K"), _TINY)
-            return p, r
+            _jit().neg_xlogx(readonly(p.ravel(order="K")), r.ravel(order="K"), _TINY)
+            return r
         except Exception as e:  # the kernel does not compile here: NumPy from now on
             if backend == "numba":
                 raise
             _disable_numba(e)
-    p = np.abs(d)
     r = np.maximum(p, _TINY, out=np.empty_like(p))
     np.log(r, out=r)
     np.multiply(r, p, out=r)
     np.negative(r, out=r)
-    return p, r
+    return r
 
 
 # ---------------------------------------------------------------- shared
