@@ -360,17 +360,17 @@ class RegisteredGraph:
         ``gradients.records``.
         """
         transport = self.client.transport
-        if (type(transport) is LocalTransport and not hooks and (isinstance(semiring, str) or semiring)
+        semiring = semiring if isinstance(semiring, str) else tuple(semiring)  # (read once: any iterable)
+        if (type(transport) is LocalTransport and not hooks and semiring
                 and not (seeds or semiring_params or return_components or best_path or retain or top_paths)):
             arrays = messages.arrays(inputs, self.input_specs)
             if arrays.keys() <= self.input_specs.keys():  # (the hot path: no messages)
-                names = semiring if isinstance(semiring, str) else tuple(semiring)
                 result = transport.gradient(
                     self.id, arrays, (wrt,) if isinstance(wrt, str) else tuple(wrt) if wrt else (),
                     (outputs,) if isinstance(outputs, str) else tuple(outputs) if outputs else (), return_outputs,
-                    backend, names)
+                    backend, semiring)
                 if result is not None:
-                    if isinstance(names, str):
+                    if isinstance(semiring, str):
                         gradients = _gradients(result[0])
                     else:  # several semirings: each one's gradients, as a response's parts decode
                         gradients = messages.SemiringGradients({name: _gradients(part) for name, part in result[0].items()})
