@@ -114,14 +114,22 @@ def test_gradients_equal_the_servers_to_the_bit(remote_client, in_process_client
     remote, local = remote_client.register(det_graph(4)), in_process_client.register(det_graph(4))
     assert local.id == remote.id
     for kwargs in ({}, {"return_outputs": True}, {"backend": "tensor"}, {"backend": "scalar"},
-                   {"seeds": {"det": 2.0}}, {"semiring": "max_product"}):
+                   {"seeds": {"det": 2.0}}, {"semiring": "max_product"}, {"semiring": "entropy", "return_outputs": True},
+                   {"semiring": ["real", "max_product", "entropy"]}, {"semiring": ["entropy"], "return_outputs": True},
+                   {"semiring": []}):
         want, got = remote.gradient(values, **kwargs), local.gradient(values, **kwargs)
         if kwargs.get("return_outputs"):
             (want, want_outputs), (got, got_outputs) = want, got
             np.testing.assert_array_equal(got_outputs["det"], want_outputs["det"])
-        np.testing.assert_array_equal(got["A"], want["A"], err_msg=str(kwargs))
-        want_a = np.asarray(values["A"], dtype=float)
-        assert got["A"].shape == want_a.shape
+            assert got.outputs.keys() == want.outputs.keys()
+        assert type(got) is type(want)
+        for name, (got_one, want_one) in ({"": (got, want)} if isinstance(want, sg.Gradients) else
+                                          {n: (got[n], want[n]) for n in want}).items():
+            assert type(got_one) is type(want_one) and got_one.keys() == want_one.keys()
+            assert (got_one.components, got_one.best_paths, got_one.retained, got_one.records) == \
+                (want_one.components, want_one.best_paths, want_one.retained, want_one.records)
+            np.testing.assert_array_equal(got_one["A"], want_one["A"], err_msg=f"{kwargs} {name}")
+            assert got_one["A"].shape == np.shape(values["A"]) and not got_one["A"].flags.writeable
     np.testing.assert_array_equal(local.evaluate(values)["det"], remote.evaluate(values)["det"])
     np.testing.assert_allclose(local.evaluate(values)["det"], np.linalg.det(values["A"]), rtol=1e-10)
 

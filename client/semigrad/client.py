@@ -360,18 +360,21 @@ class RegisteredGraph:
         ``gradients.records``.
         """
         transport = self.client.transport
-        if (type(transport) is LocalTransport and not hooks and semiring == "real"
+        semiring = semiring if isinstance(semiring, str) else tuple(semiring)  # (read once: any iterable)
+        if (type(transport) is LocalTransport and not hooks and semiring
                 and not (seeds or semiring_params or return_components or best_path or retain or top_paths)):
             arrays = messages.arrays(inputs, self.input_specs)
             if arrays.keys() <= self.input_specs.keys():  # (the hot path: no messages)
                 result = transport.gradient(
                     self.id, arrays, (wrt,) if isinstance(wrt, str) else tuple(wrt) if wrt else (),
                     (outputs,) if isinstance(outputs, str) else tuple(outputs) if outputs else (), return_outputs,
-                    backend)
+                    backend, semiring)
                 if result is not None:
-                    gradients = Gradients(result[0])
+                    if isinstance(semiring, str):
+                        gradients = _gradients(result[0])
+                    else:  # several semirings: each one's gradients, as a response's parts decode
+                        gradients = messages.SemiringGradients({name: _gradients(part) for name, part in result[0].items()})
                     gradients.outputs = result[1]
-                    gradients.components, gradients.best_paths, gradients.retained, gradients.records = {}, [], {}, {}
                     return (gradients, gradients.outputs) if return_outputs else gradients
         wire, local = attachments(hooks)
         request, tensors = messages.gradient_request(self, inputs, wrt, seeds, outputs, return_outputs, semiring,
@@ -404,3 +407,11 @@ class RegisteredGraph:
         spreads one job over several replicas (docs/deploying.md); progress is shown for one stream only.
         """
         return streaming.gradient_many(self, inputs, chunk_size, progress, options, streams)
+
+
+def _gradients(arrays: dict) -> Gradients:
+    """Gradients alone, as a response holding nothing else decodes."""
+    gradients = Gradients(arrays)
+    gradients.outputs, gradients.components, gradients.best_paths, gradients.retained, gradients.records = (
+        {}, {}, [], {}, {})
+    return gradients

@@ -62,10 +62,11 @@ class LocalTransport:
 
     # ---------------------------------------------------------------- the hot path: arrays, no messages
     def gradient(self, graph_id: str, inputs: Mapping[str, np.ndarray], wrt: tuple[str, ...],
-                 outputs: tuple[str, ...], return_outputs: bool, backend: str):
-        """A plain gradient straight from arrays: ``(gradients, outputs)``, or None to take the
-        message path."""
-        return self.service.gradient(graph_id, inputs, wrt, outputs, return_outputs, backend, self.timeout)
+                 outputs: tuple[str, ...], return_outputs: bool, backend: str, semiring: str | tuple[str, ...] = "real"):
+        """A gradient with nothing beyond these (one semiring, or several as a tuple of names) straight
+        from arrays: ``(gradients, outputs)``, the gradients by semiring name for a tuple, or None to
+        take the message path."""
+        return self.service.gradient(graph_id, inputs, wrt, outputs, return_outputs, backend, self.timeout, semiring)
 
     def evaluate(self, graph_id: str, inputs: Mapping[str, np.ndarray], outputs: tuple[str, ...],
                  nodes: tuple[str, ...], backend: str):

@@ -611,3 +611,45 @@ def test_kbest_sum_with_empty_axes(shape, axis, kept):
     want = [np.full(kept, 1.0 if i < reduced else 0.0) for i in range(3)]
     for got, expected in zip(s.components_of(out), want):
         np.testing.assert_array_equal(got, expected)
+
+
+# ---------------------------------------------------------------- neg_xlogx
+
+
+def _neg_xlogx_by_definition(p):
+    p = np.asarray(p, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(p > 0, -p * np.log(p), 0.0)
+    return np.where(np.isnan(p), np.nan, r)
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "strided", "broadcast", "scalar", "float32"])
+def test_neg_xlogx_is_the_entropy_lifts_r_in_either_implementation(implementation, layout):
+    rng = np.random.default_rng(5)
+    p = np.abs(rng.normal(size=(6, 5))) * rng.choice([0.0, 1e-310, 1.0, 1e300], size=(6, 5))
+    p.flat[:3] = [np.inf, np.nan, 5e-324]
+    p = {"C": p, "F": np.asfortranarray(p), "strided": p[::2, ::2], "broadcast": np.broadcast_to(p[:1], (3, 5)),
+         "scalar": np.float64(0.25), "float32": np.where(p < 1e30, p, 2.5).astype(np.float32)}[layout]
+    r = kernels.neg_xlogx(p)
+    np.testing.assert_array_max_ulp(r, _neg_xlogx_by_definition(p), maxulp=1)  # within an ulp of NumPy's SIMD log
+    if np.ndim(p) == 2 and (p.flags.c_contiguous or p.flags.f_contiguous):
+        assert r.strides == np.empty_like(np.asarray(p, dtype=np.float64)).strides  # p's layout
+
+
+def test_neg_xlogx_runs_compiled_from_numba_min_work_elements():
+    if not kernels.numba_available():
+        pytest.skip("numba is not installed")
+    previous = kernels.set_backend("numba")
+    try:
+        rng = np.random.default_rng(6)
+        for size, implementation in ((kernels.NUMBA_MIN_WORK - 1, "numpy"), (kernels.NUMBA_MIN_WORK, "numba")):
+            p = np.abs(rng.normal(size=size))
+            before = counted("neg_xlogx", implementation)
+            r = kernels.neg_xlogx(p)
+            assert counted("neg_xlogx", implementation) == before + 1
+            np.testing.assert_array_max_ulp(r, _neg_xlogx_by_definition(p), maxulp=1)
+        big = np.abs(rng.normal(size=(300, 200))).T  # a transposed weight
+        np.testing.assert_array_max_ulp(kernels.neg_xlogx(big, backend="numba"),
+                                        kernels.neg_xlogx(big, backend="numpy"), maxulp=1)
+    finally:
+        kernels.set_backend(previous)

@@ -266,3 +266,18 @@ def test_the_cache_of_products_is_bounded(monkeypatch):
     registry.product(["real", "max_product"])  # a third: the cache starts over
     again = registry.product(["real", "entropy"])
     assert again is not first and again.key == first.key
+
+
+def test_members_whose_lift_reads_magnitudes_share_one():
+    """max_product's φ is |d| and entropy's Z is |d|: the product takes |d| once and hands the
+    same array to both (no pass and weight-sized copy each); the values are each member's own
+    lift's, and the other members lift d themselves."""
+    registry = SemiringRegistry()
+    product = registry.product(["real", "max_product", "entropy", "log"])
+    d = np.random.default_rng(1).normal(size=(4, 5)).T * np.array([0.0, 1.0, -2.0, 1e-300])
+    lifted = product.split(product.lift(d))
+    for member, value in zip(product.members, lifted):
+        for got, want in zip(member.components_of(value), member.components_of(member.lift(d))):
+            np.testing.assert_array_equal(got, want, err_msg=member.name)
+    assert lifted[1] is lifted[2][0]  # one |d|
+    assert [m.magnitude_lift for m in product.members] == [False, True, True, False]

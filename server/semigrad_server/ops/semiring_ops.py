@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import deadline
 from ..ir import Type
+from ..semiring.zero_rows import matmul_of_rows_not_zero
 from .base import AttrSpec, OpDef, Registry, align, broadcast_item_shapes, element_array, input_cost, reduce_elements
 from .nn import ROW_JACOBIANS, row_delta
 from .indexing import ORIGIN, check_indices, scan_expand, scatter_add_expand, scatter_add_shape, scatter_keys
@@ -115,7 +116,7 @@ def _bind(base: Registry, s) -> Registry:
 
     def matmul_kernel(attrs, in_types, out_type):
         ra, rb, r = in_types[0].rank, in_types[1].rank, out_type.rank
-        return lambda a, b: s.matmul(m(lambda c: align(c, ra, r), a), m(lambda c: align(c, rb, r), b))
+        return lambda a, b: matmul_of_rows_not_zero(s, m(lambda c: align(c, ra, r), a), m(lambda c: align(c, rb, r), b))
 
     def scatter_kernel(attrs, in_types, out_type):
         rank, shape = in_types[0].rank, out_type.shape

@@ -8,6 +8,8 @@ code instead of compiling it again.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -640,3 +642,12 @@ def kbest_pointers_min_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, o
 @numba.njit(**_OPTIONS)
 def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
     _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN)
+
+
+@numba.njit(**_OPTIONS)
+def neg_xlogx(p, r, tiny):
+    """r = -(log(max(p, tiny)) · p) elementwise over flat arrays: the NumPy form's operations in
+    one pass (its log is libm's, as NumPy's without AVX-512)."""
+    for i in range(p.size):
+        x = p[i]
+        r[i] = -(math.log(x if x > tiny else tiny) * x)

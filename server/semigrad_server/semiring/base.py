@@ -49,6 +49,9 @@ class Semiring:
     primary: str = "value"  # which entry of read() is the gradient
     # Parameters a request may set (name -> description); see `configure`.
     parameters: Mapping[str, str] = {}
+    # φ(d) depends on |d| alone, and `lift_magnitude(|d|)` gives it: a product of semirings then
+    # takes |d| once for every member that says so (see `lift_magnitude`).
+    magnitude_lift: bool = False
 
     # ------------------------------------------------------------ to implement
     def zeros(self, shape: Sequence[int]) -> Value:
@@ -72,6 +75,12 @@ class Semiring:
         raise NotImplementedError
 
     # ------------------------------------------------------------ with defaults
+    def lift_magnitude(self, p: np.ndarray) -> Value:
+        """φ(d) given p = |d| (float64, ≥ 0), for a semiring that sets `magnitude_lift`. p is
+        shared with other members of a product: never write into it; it may be returned as (a
+        component of) the value itself (max_product's φ is p). Default: `lift(p)`."""
+        return self.lift(p)
+
     def configure(self, params: Mapping[str, object]) -> "Semiring":
         """Return the semiring to use for a request with these parameters (default: none allowed).
         With no parameters it must behave as the plugin as loaded (requests without parameters

@@ -77,7 +77,18 @@ class ProductSemiring(Semiring):
         return self.join([m.ones(shape) for m in self.members])
 
     def lift(self, d):
-        return self.join([m.lift(d) for m in self.members])
+        # |d| once for every member whose φ reads it alone (max_product's φ is |d| itself, and
+        # entropy's Z: one array for both, not a pass and a weight-sized copy each)
+        magnitude = None
+        values = []
+        for m in self.members:
+            if m.magnitude_lift:
+                if magnitude is None:
+                    magnitude = np.abs(np.asarray(d, dtype=np.float64))
+                values.append(m.lift_magnitude(magnitude))
+            else:
+                values.append(m.lift(d))
+        return self.join(values)
 
     def add(self, a, b):
         return self._each("add", a, b)

@@ -2,9 +2,9 @@
 
 Every call goes through the same servicer as a remote call (the same request conversion,
 status layer and messages), handed the request and response messages themselves instead of
-their bytes, with a `LocalContext` in place of gRPC's. Two requests skip the messages: a plain
-gradient (real semiring, no seeds, hooks, paths, retained nodes or components) and an
-evaluation whose inputs are all declared, which the client's hot path sends as arrays
+their bytes, with a `LocalContext` in place of gRPC's. Two requests skip the messages: a
+gradient with no seeds, semiring parameters, hooks, paths, retained nodes or components (under
+one semiring or several) and an evaluation whose inputs are all declared, which the client's hot path sends as arrays
 (`gradient`, `evaluate` below). They reach the engine through the typed specs the servicer
 would build, and their errors through the same status layer, so code and message are a
 remote call's.
@@ -131,27 +131,34 @@ class LocalService:
             responses.close()
 
     def gradient(self, graph_id: str, inputs: Mapping[str, np.ndarray], wrt: tuple[str, ...],
-                 outputs: tuple[str, ...], return_outputs: bool, backend: str, timeout: float | None):
-        """A plain gradient: ``(gradients, outputs)`` as {name: array} as a remote client
-        receives them (see `received`), or None when the inputs need the message path (an
-        array the wire would change: not C-contiguous, a rank past the wire's limit)."""
+                 outputs: tuple[str, ...], return_outputs: bool, backend: str, timeout: float | None,
+                 semiring: str | tuple[str, ...] = "real"):
+        """A gradient with nothing beyond these, under one semiring or several (a tuple of names):
+        ``(gradients, outputs)`` as {name: array} as a remote client receives them (see
+        `received`; for several semirings the gradients by semiring name), or None when the inputs
+        need the message path (an array the wire would change: not C-contiguous, a rank past the
+        wire's limit)."""
         for a in inputs.values():
             if type(a) is not np.ndarray or a.ndim > MAX_RANK or not a.flags.c_contiguous:
                 return None
         deadline = None if timeout is None else time.monotonic() + timeout
         backend = backend or "auto"
+        several = not isinstance(semiring, str)
         try:  # a repeat of a signature checked before goes straight to its plan (no spec built)
-            result = self.engine.remembered_gradient(graph_id, inputs, wrt, outputs, return_outputs, backend, deadline)
+            result = None if several or semiring not in ("real", "") else self.engine.remembered_gradient(
+                graph_id, inputs, wrt, outputs, return_outputs, backend, deadline)
             if result is None:  # may compile: under a bound, as the servicer runs it, so compiling stops at the deadline
                 with bounded(deadline):
-                    result = self.engine.run_gradient(GradientSpec(graph_id, inputs, wrt, outputs, None, return_outputs,
-                                                                   "real", None, False, (), backend, (), ()), deadline)
+                    result = self.engine.run_gradient(GradientSpec(
+                        graph_id, inputs, wrt, outputs, None, return_outputs, "real" if several else semiring or "real", None, False,
+                        (), backend, (), (), semiring if several else ()), deadline)
         except Exception as e:  # noqa: BLE001 - the status layer tells client faults from bugs
             raise client_error(*status.status_of(e, "Gradient")) from None
         if deadline is not None:
             _late(deadline)
-        return (received(result.gradients, inputs),
-                received(result.outputs, inputs) if result.outputs else {})
+        gradients = ({name: received(part.gradients, inputs) for name, part in result.semirings.items()} if several
+                     else received(result.gradients, inputs))
+        return gradients, received(result.outputs, inputs) if result.outputs else {}
 
     def evaluate(self, graph_id: str, inputs: Mapping[str, np.ndarray], outputs: tuple[str, ...],
                  nodes: tuple[str, ...], backend: str, timeout: float | None):

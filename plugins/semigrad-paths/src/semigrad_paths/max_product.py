@@ -20,5 +20,10 @@ class MaxProductSemiring(TropicalSemiring):
     description = "weight of the best path: max over paths of the product of |local derivative|"
     addition, multiplication, zero, one = "max", "mul", 0.0, 1.0
 
+    magnitude_lift = True
+
     def lift(self, d):
         return np.abs(np.asarray(d, dtype=np.float64))
+
+    def lift_magnitude(self, p):
+        return p
