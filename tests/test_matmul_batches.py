@@ -357,3 +357,23 @@ def test_a_weight_matrix_over_a_batch_of_vectors(clients, rng):
     tt = np.tanh(points @ w.T + b)
     gradient = clients["inline"].register(g).gradient({"x": points})["x"]
     np.testing.assert_allclose(gradient, (2 * tt * (1 - tt * tt)) @ w, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("backend", ["auto", "tensor", "scalar"])
+@pytest.mark.parametrize("semiring", ["real", "max_product"])
+@pytest.mark.parametrize("a_shape, b_shape", [((0, 4), (4, 16)), ((4, 0), (0, 16)), ((4, 4), (4, 0)),
+                                              ((2, 0, 3), (3, 5))])
+def test_a_matmul_with_an_empty_dimension(clients, a_shape, b_shape, semiring, backend):
+    """An empty product sums nothing: its value is 0 and every gradient 0 (0̄ under max_product),
+    of its operand's shape. The scalar backend's expansion had failed with INTERNAL there
+    (reshape to (-1, 0, k))."""
+    g = sg.Graph()
+    a, b = g.input("a", a_shape), g.input("b", b_shape)
+    g.output("y", sg.sum(a @ b))
+    f = clients["default"].register(g)
+    point = {"a": np.ones(a_shape), "b": np.ones(b_shape)}
+    grads, outputs = f.gradient(point, semiring=semiring, backend=backend, return_outputs=True)
+    assert outputs["y"] == 0.0
+    for name, shape in (("a", a_shape), ("b", b_shape)):
+        assert grads[name].shape == shape and not np.any(grads[name])
+    assert f.evaluate(point, backend=backend)["y"] == 0.0

@@ -418,8 +418,9 @@ def matmul_expand(mul: str, add: str, zero):
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
         lead = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-        a3 = np.broadcast_to(a2, lead + a2.shape[-2:]).reshape((-1,) + a2.shape[-2:])
-        b3 = np.broadcast_to(b2, lead + b2.shape[-2:]).reshape((-1,) + b2.shape[-2:])
+        items = math.prod(lead)  # (not -1: NumPy cannot infer it beside an empty dimension)
+        a3 = np.broadcast_to(a2, lead + a2.shape[-2:]).reshape((items,) + a2.shape[-2:])
+        b3 = np.broadcast_to(b2, lead + b2.shape[-2:]).reshape((items,) + b2.shape[-2:])
         m, k, n = a3.shape[1], a3.shape[2], b3.shape[2]
         values = [el.reduce(add, [el.apply(mul, (a3[t, i, q], b3[t, q, j])) for q in range(k)], zero(el))
                   for t in range(a3.shape[0]) for i in range(m) for j in range(n)]
