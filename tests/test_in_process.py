@@ -67,6 +67,12 @@ BAD_CALLS = {
     "unknown backend": lambda f: f.gradient({"x": np.ones(3), "k": 1}, backend="gpu"),
     "unknown node": lambda f: f.evaluate({"x": np.ones(3), "k": 1}, nodes=["nope"]),
     "unknown semiring": lambda f: f.gradient({"x": np.ones(3), "k": 1}, semiring="nope"),
+    "semiring list holding None": lambda f: f.gradient({"x": np.ones(3), "k": 1}, outputs="y",
+                                                      semiring=["max_product", None]),
+    "semiring list holding a list": lambda f: f.gradient({"x": np.ones(3), "k": 1}, outputs="y", semiring=[["real"]]),
+    "semiring list holding a number": lambda f: f.gradient({"x": np.ones(3), "k": 1}, outputs="y",
+                                                        semiring=["max_product", 3]),
+    "semiring as bytes": lambda f: f.gradient({"x": np.ones(3), "k": 1}, outputs="y", semiring=b"max_product"),
     "seed for an unknown output": lambda f: f.gradient({"x": np.ones(3), "k": 1}, seeds={"nope": 1.0}),
     "best path on real": lambda f: f.gradient({"x": np.ones(3), "k": 1}, outputs="y", best_path=[("x", (0,))]),
     "unknown hook": lambda f: f.gradient({"x": np.ones(3), "k": 1}, outputs="y",
@@ -94,6 +100,17 @@ def test_every_outcome_equals_the_servers(remote_client, in_process_client, name
             np.testing.assert_array_equal(got[key], want[key])
     else:
         assert local == remote
+
+
+@pytest.mark.parametrize("names", [["real", "max_product", "entropy"], ["entropy", "real", "max_product"],
+                                   ["max_product", "real"]])
+def test_several_semirings_come_back_in_the_order_asked(remote_client, in_process_client, names):
+    for client in (remote_client, in_process_client):
+        f = client.register(mixed_graph())
+        for semiring in (lambda: names, lambda: iter(names)):  # (a generator too: read once)
+            assert list(f.gradient({"x": np.ones(3), "k": 1}, outputs="y", semiring=semiring())) == names
+            assert list(f.gradient({"x": np.ones(3), "k": 1}, outputs="y", semiring=semiring(),
+                                   seeds={"y": 2.0})) == names  # (the message path in process too)
 
 
 def test_unknown_graph_ids_and_listings_equal_the_servers(remote_client, in_process_client):

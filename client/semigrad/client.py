@@ -362,6 +362,7 @@ class RegisteredGraph:
         transport = self.client.transport
         semiring = semiring if isinstance(semiring, str) else tuple(semiring)  # (read once: any iterable)
         if (type(transport) is LocalTransport and not hooks and semiring
+                and (isinstance(semiring, str) or all(type(name) is str for name in semiring))  # else: refused as remotely
                 and not (seeds or semiring_params or return_components or best_path or retain or top_paths)):
             arrays = messages.arrays(inputs, self.input_specs)
             if arrays.keys() <= self.input_specs.keys():  # (the hot path: no messages)
@@ -387,6 +388,8 @@ class RegisteredGraph:
             gradients = self.client.transport.tensor_call(
                 "Gradient", request, tensors,
                 lambda: messages.gradient_result_bytes(self, request, tensors["inputs"]), messages.gradients_from)
+        if isinstance(gradients, messages.SemiringGradients):  # a message's map has no order: the request's
+            gradients = gradients.ordered(request.semirings)
         return (gradients, gradients.outputs) if return_outputs else gradients
 
     def gradient_many(self, inputs: Mapping[str, object], chunk_size: int | None = None, *,

@@ -41,6 +41,12 @@ class SemiringGradients(dict):
 
     outputs: dict[str, np.ndarray]
 
+    def ordered(self, names) -> SemiringGradients:
+        """The same, its semirings in the order of `names` (the request's)."""
+        ordered = SemiringGradients({**{name: self[name] for name in names if name in self}, **self})
+        ordered.outputs = self.outputs
+        return ordered
+
 
 def semiring_fields(semiring, semiring_params) -> dict:
     """The request's semiring fields: one name in `semiring`; a list of names in `semirings`,
