@@ -16,7 +16,7 @@ from path_reference import random_case
 import semigrad_server.engine.engine as engine_module
 from semigrad_server.engine import Engine
 from semigrad_server.errors import FailedPrecondition, InvalidArgument
-from semigrad_server.semiring import Semiring
+from semigrad_server.semiring import Semiring, TropicalSemiring, check_axioms
 from semigrad_server.semiring.loader import SemiringRegistry
 from semigrad_server.semiring.product import MAX_MEMBERS, ProductSemiring
 from semigrad_server.service.convert import graph_from_proto
@@ -281,3 +281,51 @@ def test_members_whose_lift_reads_magnitudes_share_one():
             np.testing.assert_array_equal(got, want, err_msg=member.name)
     assert lifted[1] is lifted[2][0]  # one |d|
     assert [m.magnitude_lift for m in product.members] == [False, True, True, False]
+
+
+class _SignReading(TropicalSemiring):
+    """(max, +) over d itself (a semiring on signed values), while claiming its φ reads |d| alone."""
+
+    name = "sign_reading"
+    multiplication, zero, one = "add", -np.inf, 0.0
+    magnitude_lift = True
+
+    def lift(self, d):
+        d = np.asarray(d, dtype=np.float64)
+        return np.where(d == 0, -np.inf, d)  # φ(0) = 0̄
+
+    def lift_magnitude(self, p):
+        return self.lift(p)
+
+
+class _Writing(_SignReading):
+    """Honest about its φ (|d|), but writes into the |d| it is handed."""
+
+    name = "writing"
+
+    def lift(self, d):
+        return np.abs(np.asarray(d, dtype=np.float64)) * 0.5
+
+    def lift_magnitude(self, p):
+        p *= 0.5
+        return p
+
+
+def test_a_lift_that_does_not_read_magnitudes_alone_fails_its_check():
+    """A product hands lift_magnitude(|d|) to the members that set magnitude_lift: one whose φ
+    reads the sign would answer differently alone and in a list, so the loader's check refuses it."""
+    assert check_axioms(_SignReading()) == ["φ(d) = lift_magnitude(|d|) (declared)"]
+    for name in ("max_product", "entropy"):
+        assert check_axioms(SemiringRegistry().get(name, None)) == [], name
+
+
+def test_no_member_can_write_into_the_shared_magnitudes():
+    registry = SemiringRegistry()
+    product = ProductSemiring([_Writing(), registry.get("max_product", None)])
+    d = np.array([-4.0, 3.0, 0.5])
+    with pytest.raises(ValueError, match="read-only"):
+        product.lift(d)
+    for shape in ((), (3,)):  # a 0-d |d| is an array too (np.abs of one is a NumPy scalar)
+        value = ProductSemiring([registry.get("entropy", None), registry.get("max_product", None)]).lift(
+            np.full(shape, -2.0))
+        assert all(isinstance(c, np.ndarray) for c in value)

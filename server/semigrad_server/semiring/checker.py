@@ -32,6 +32,9 @@ def law_results(s: Semiring, seed: int = 0, samples: int = SAMPLES) -> dict[str,
         "0̄ annihilates (right)": (s.mul(a, zero), zero),
         "φ(0) = 0̄": (s.lift(np.zeros(samples)), zero),
     }
+    if s.magnitude_lift:  # a product of semirings lifts by lift_magnitude(|d|): it must be φ(d)
+        d = rng.standard_normal(samples) * 10.0 ** rng.integers(-3, 4, samples)
+        laws["φ(d) = lift_magnitude(|d|) (declared)"] = (s.lift(d), s.lift_magnitude(np.abs(d)))
     if s.commutative:
         laws["⊗ is commutative (declared)"] = (s.mul(a, b), s.mul(b, a))
     if s.idempotent:

@@ -83,8 +83,9 @@ class ProductSemiring(Semiring):
         values = []
         for m in self.members:
             if m.magnitude_lift:
-                if magnitude is None:
-                    magnitude = np.abs(np.asarray(d, dtype=np.float64))
+                if magnitude is None:  # an array (a 0-d one too), read-only: shared, no member may write into it
+                    magnitude = np.asarray(np.abs(np.asarray(d, dtype=np.float64)))
+                    magnitude.setflags(write=False)
                 values.append(m.lift_magnitude(magnitude))
             else:
                 values.append(m.lift(d))
