@@ -90,21 +90,22 @@ class BestPaths(Sequence):
         return len(self.input)
 
     def __getitem__(self, i):
+        if self._read is not None:
+            if not isinstance(i, slice):
+                i = _path_number(i)
+            return self._read[i]
         if isinstance(i, slice):
-            return self._read[i] if self._read is not None else [self._path(j) for j in range(*i.indices(len(self)))]
-        try:
-            i = operator.index(i)
-        except TypeError:
-            raise TypeError(f"paths are indexed by integers or slices, not {type(i).__name__}") from None
+            return self._paths(np.arange(len(self))[i])
         n = len(self)
+        i = _path_number(i)
         if not -n <= i < n:
             raise IndexError(f"path {i} of {n}")
-        return self._read[i] if self._read is not None else self._path(i % n)
+        return self._paths(np.array([i % n]))[0]
 
     def __iter__(self):
         if self._read is None:
             with collector.paused():  # a tuple per step: no cycles to collect
-                self._read = self._all()
+                self._read = self._paths(np.arange(len(self)))
         return iter(self._read)
 
     def __eq__(self, other) -> bool:
@@ -121,32 +122,34 @@ class BestPaths(Sequence):
         """Path i's rows of the step columns."""
         return slice(int(self.step_start[i]), int(self.step_start[i + 1]))
 
-    def _path(self, i: int) -> BestPath:
-        node = int(self.input[i])
-        start = _index(int(self.batch[i]), self.batch_shape) + _index(int(self.element[i]), self.shapes[node])
-        rows = self.steps_of(i)
-        steps = tuple(PathStep(self.nodes[n], _index(e, self.shapes[n]), p) for n, e, p in zip(
-            self.step_node[rows].tolist(), self.step_element[rows].tolist(), self.step_partial[rows].tolist()))
-        return BestPath((self.nodes[node], start), self.outputs[int(self.output[i])], steps,
-                        {key: float(v[i]) for key, v in self.values.items()})
-
-    def _all(self) -> list[BestPath]:
-        """Every path, its indices unravelled node by node (vectorised) rather than step by step."""
-        indices = _indices(self.step_node, self.step_element, self.shapes)
-        names = list(map(self.nodes.__getitem__, self.step_node.tolist()))
+    def _paths(self, which: np.ndarray) -> list[BestPath]:
+        """Paths `which` as objects, their indices unravelled node by node (vectorised) rather
+        than step by step."""
+        first, lengths = self.step_start[which], np.diff(self.step_start)[which]
+        bounds = np.zeros(len(which) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        rows = np.repeat(first - bounds[:-1], lengths) + np.arange(bounds[-1])  # their steps, path by path
+        node = self.step_node[rows]
+        indices = _indices(node, self.step_element[rows], self.shapes)
+        names = list(map(self.nodes.__getitem__, node.tolist()))
         # (tuple.__new__ mapped: PathStep's own __new__ is a Python call, half the time of this)
-        steps = list(map(tuple.__new__, repeat(PathStep), zip(names, indices, self.step_partial.tolist())))
-        starts = [b + e for b, e in zip(_indices(np.zeros_like(self.batch), self.batch, [self.batch_shape]),
-                                        _indices(self.input, self.element, self.shapes))]
-        bounds = self.step_start.tolist()
-        values = [dict(zip(self.values, row)) for row in zip(*(v.tolist() for v in self.values.values()))] \
-            if self.values else [{} for _ in range(len(self))]
+        steps = list(map(tuple.__new__, repeat(PathStep), zip(names, indices, self.step_partial[rows].tolist())))
+        inputs = self.input[which]
+        starts = [b + e for b, e in zip(_indices(np.zeros_like(inputs), self.batch[which], [self.batch_shape]),
+                                        _indices(inputs, self.element[which], self.shapes))]
+        values = [dict(zip(self.values, row)) for row in zip(*(v[which].tolist() for v in self.values.values()))] \
+            if self.values else [{} for _ in range(len(which))]
+        bounds = bounds.tolist()
         return [BestPath((self.nodes[n], start), self.outputs[o], tuple(steps[bounds[i]:bounds[i + 1]]), value)
-                for i, (n, start, o, value) in enumerate(zip(self.input.tolist(), starts, self.output.tolist(), values))]
+                for i, (n, start, o, value) in enumerate(zip(inputs.tolist(), starts, self.output[which].tolist(),
+                                                             values))]
 
 
-def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+def _path_number(i) -> int:
+    try:
+        return operator.index(i)
+    except TypeError:
+        raise TypeError(f"paths are indexed by integers or slices, not {type(i).__name__}") from None
 
 
 def _indices(which: np.ndarray, flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
