@@ -105,9 +105,9 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, groups) -> 
     """The best path from each requested start, in request order (`s`: the PointerSemiring the
     plan ran under; `results`: the plan's, with every node's adjoint under OutputKey.adjoint;
     `groups`: start_elements')."""
-    walker = _Walker(cg, backward, s, results, batch, 1)
-    table = _Table(walker, sum(len(g[3]) for g in groups), s.base.read(s.base.zeros(())))
+    walker = _Walker(cg, backward, results, batch, 1)
     zero = s.base.zeros(())
+    table = _Table(walker, sum(len(g[3]) for g in groups), s.base.read(zero))
     for x, b, e, positions in groups:
         check("tracing best paths")
         table.start(positions, x, b, e)
@@ -126,7 +126,7 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, count: int) 
     plan ran under, with at least `count` ranks). Equal values: the earlier input (wrt order),
     batch item, element, then rank."""
     k = s.k
-    walker = _Walker(cg, backward, s, results, batch, k)
+    walker = _Walker(cg, backward, results, batch, k)
     items = int(np.prod(batch.shape, dtype=np.int64))
     zero = s.base.zero
     found = []  # (values, ptrs, partials, input number, batch items, elements), flattened with rank last
@@ -218,8 +218,8 @@ class _Table:
 class _Walker:
     """Follows back-pointers (`id · k + rank`) through the adjoints of a pointer plan's results."""
 
-    def __init__(self, cg, backward: BackwardGraph, s, results, batch, k: int):
-        self.cg, self.s, self.results, self.batch, self.k = cg, s, results, batch, k
+    def __init__(self, cg, backward: BackwardGraph, results, batch, k: int):
+        self.cg, self.results, self.batch, self.k = cg, results, batch, k
         offsets = backward.context.offsets
         self.names = list(offsets)  # the nodes pointers name, by number
         self.starts = np.array([offsets[n] for n in self.names], dtype=np.float64)

@@ -77,7 +77,7 @@ class Semiring:
     # ------------------------------------------------------------ with defaults
     def lift_magnitude(self, p: np.ndarray) -> Value:
         """φ(d) given p = |d| (float64, ≥ 0), for a semiring that sets `magnitude_lift`. p is
-        shared with other members of a product: never write into it; it may be returned as (a
+        shared with other members of a product, and read-only; it may be returned as (a
         component of) the value itself (max_product's φ is p). Default: `lift(p)`."""
         return self.lift(p)
 
