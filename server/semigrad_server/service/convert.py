@@ -57,16 +57,9 @@ def tensors_to_arrays(tensors: Mapping[str, pb.Tensor], what: str,
     return arrays
 
 
-def arrays_to_tensors(arrays: Mapping[str, np.ndarray], writer: Writer | None = None) -> dict[str, pb.Tensor]:
-    """Encode arrays inline, or into the request's shared-memory output region (`writer`) as far as
-    they fit (the rest inline)."""
-    if writer is None:
-        return {name: codec.to_tensor(a) for name, a in arrays.items()}
-    return {name: writer.place(a) or codec.to_tensor(a) for name, a in arrays.items()}
-
-
 def put_tensors(target, arrays: Mapping[str, np.ndarray], writer: Writer | None = None) -> None:
-    """arrays_to_tensors into the message map `target` (empty), each tensor written in place."""
+    """Encode arrays into the message map `target` (empty), each tensor written in place: into
+    the request's shared-memory output region (`writer`) as far as they fit, the rest inline."""
     for name, a in arrays.items():
         placed = writer.place(a) if writer is not None else None
         if placed:
@@ -203,10 +196,12 @@ def best_paths_of(request: pb.GradientRequest):
     return tuple((ref.input, tuple(ref.index)) for ref in request.best_paths) if request.best_paths else ()
 
 
-def gradient_response(result, writer: Writer | None = None) -> pb.GradientResponse:
+def gradient_response(result, writer: Writer | None = None,
+                      response: pb.GradientResponse | None = None) -> pb.GradientResponse:
     """`writer`: the request's shared-memory output region, filled in this order (gradients first).
-    Empty parts are left out of the message's constructor (most results have gradients only)."""
-    response = pb.GradientResponse()  # its tensors written in place (put_tensors), not built and copied in
+    The tensors are written in place (put_tensors) into `response` (a new one by default), not
+    built and copied in."""
+    response = pb.GradientResponse() if response is None else response
     put_tensors(response.gradients, result.gradients, writer)
     if result.outputs:
         put_tensors(response.outputs, result.outputs, writer)
@@ -222,7 +217,7 @@ def gradient_response(result, writer: Writer | None = None) -> pb.GradientRespon
         put_paths(response.paths, result.best_paths, writer)
     if result.semirings:
         for name, part in result.semirings.items():
-            response.semirings[name].CopyFrom(gradient_response(part, writer))
+            gradient_response(part, writer, response.semirings[name])
     return response
 
 
