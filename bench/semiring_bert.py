@@ -16,8 +16,9 @@ every semiring op anyway, so float32 would only make PyTorch's side cheaper) and
 products over 12 layers leave float32's range long before float64's.
 
 Per model, after one untimed round (every call once: semigrad compiles each request's plan on
-its first call, 2-7 s per semiring at BERT-base size), timed in alternation (`--repeats` rounds;
-the best of them reported, the least disturbed on a shared machine):
+its first call, 2-7 s per semiring at BERT-base size), timed in alternation (`--repeats` rounds,
+each on a fresh random input; the best of them reported, the least disturbed on a shared
+machine):
 
 * torch: `model(x)` then `.backward()` with x and every parameter requiring grad (PyTorch's
   ordinary backward), and `model(x)` alone under `torch.no_grad()` (its forward);
@@ -152,38 +153,38 @@ def bench_model(name, model, x, args, client) -> tuple[list[list[str]], dict]:
         imported = sg.from_torch(model, (x,), decomposed=args.decomposed)
         t_import = time.perf_counter() - t0
         graph = client.register(imported.graph)
-    inputs = imported.inputs_for(x)
     (xname,) = imported.user_inputs
 
-    def torch_backward():
+    def torch_backward(x):
         xr = x.clone().requires_grad_(True)
         model.zero_grad(set_to_none=True)
         model(xr).backward()
         return xr.grad
 
-    def torch_forward():
+    def torch_forward(x):
         with torch.no_grad():
             return model(x)
 
     def grad(semiring=None):
         kw = {} if semiring is None else {"semiring": semiring}
-        return lambda: graph.gradient(inputs, wrt=[xname], **kw)
+        return lambda x: graph.gradient(imported.inputs_for(x), wrt=[xname], **kw)
 
     product = "+".join(PRODUCT) + " (one request)"
     calls = {"torch forward": torch_forward, "torch forward+backward": torch_backward,
-             "semigrad forward": lambda: graph.evaluate(inputs), "real": grad()}
+             "semigrad forward": lambda x: graph.evaluate(imported.inputs_for(x)), "real": grad()}
     calls.update({s: grad(s) for s in args.semirings})
     calls[product] = grad(PRODUCT)
     times: dict[str, list[float]] = {k: [] for k in calls}
     results = {}
     with section(f"{name}: a round untimed: each call's plan compiled, PyTorch warmed up"):
         for call in calls.values():
-            call()
+            call(x)
     with section(f"{name}: timing, {args.repeats} alternating rounds"):
         for _ in range(args.repeats):
+            x = torch.randn(x.shape, dtype=x.dtype)  # a fresh input every round (the checks: the last round's)
             for key, call in calls.items():
                 t0 = time.perf_counter()
-                results[key] = call()
+                results[key] = call(x)
                 times[key].append(time.perf_counter() - t0)
     with section(f"{name}: checks (of the last round's results)"):
         want = results["torch forward+backward"].numpy()
