@@ -27,6 +27,7 @@ from ..semiring.pointers import OUTPUT
 from .reverse import BackwardGraph
 
 ALL = "all"  # best_path="all": every element of every differentiated input
+STARTS_BETWEEN_CHECKS = 4096  # requested starts read between two deadline checks
 MAX_TOP_PATHS = 64  # top_paths=k: at most this k (the k-best carrier holds 3k arrays per value)
 
 
@@ -70,7 +71,6 @@ def start_elements(cg, wrt: Sequence[str], batch_shape: tuple[int, ...], request
     one group per input (`requests`: (input, full index) pairs, or ALL: every element of every
     differentiated input, input by input in row-major order of the full index). Checked before
     any work: INVALID_ARGUMENT naming a start that is no element of a differentiated input."""
-    nb = len(batch_shape)
     items = int(np.prod(batch_shape, dtype=np.int64))
     if requests == ALL:
         groups, at = [], 0
@@ -80,25 +80,38 @@ def start_elements(cg, wrt: Sequence[str], batch_shape: tuple[int, ...], request
             groups.append((x, b, e, np.arange(at, at + b.size)))
             at += b.size
         return groups
-    by_input: dict[str, tuple[list, list, list]] = {}
-    for position, (name, index) in enumerate(requests):
-        if position % 4096 == 0:
-            check("reading the best paths asked for")
-        if name not in wrt:
-            raise InvalidArgument(f"best path requested from {quoted(name)}, which is not a differentiated input "
-                                  f"(wrt: {', '.join(wrt)})")
-        shape = cg.types[name].shape
-        full_shape = batch_shape + shape
-        if len(index) != len(full_shape) or not all(-d <= i < d for i, d in zip(index, full_shape)):
-            raise InvalidArgument(f"best path index {list(index)} does not address an element of input '{name}' "
-                                  f"(shape {list(full_shape)}, batch dimensions first)")
-        index = tuple(i % d for i, d in zip(index, full_shape))
-        bs, es, ps = by_input.setdefault(name, ([], [], []))
-        bs.append(int(np.ravel_multi_index(index[:nb], batch_shape)) if nb else 0)
-        es.append(int(np.ravel_multi_index(index[nb:], shape)) if shape else 0)
-        ps.append(position)
-    return [(x, np.array(bs, dtype=np.int64), np.array(es, dtype=np.int64), np.array(ps))
-            for x, (bs, es, ps) in by_input.items()]
+    by_input: dict[str, tuple[list, list]] = {}  # input -> its starts' indices and positions
+    for first in range(0, len(requests), STARTS_BETWEEN_CHECKS):
+        check("reading the best paths asked for")
+        for position, (name, index) in enumerate(requests[first:first + STARTS_BETWEEN_CHECKS], first):
+            group = by_input.get(name)
+            if group is None:
+                if name not in wrt:
+                    raise InvalidArgument(f"best path requested from {quoted(name)}, which is not a differentiated "
+                                          f"input (wrt: {', '.join(wrt)})")
+                group = by_input[name] = ([], [])
+            group[0].append(index)
+            group[1].append(position)
+    groups = []
+    for x, (indices, positions) in by_input.items():  # checked and flattened an input at a time
+        check("reading the best paths asked for")
+        full_shape = batch_shape + cg.types[x].shape
+        if set(map(len, indices)) != {len(full_shape)}:
+            raise _no_element(x, next(i for i in indices if len(i) != len(full_shape)), full_shape)
+        dims = np.array(full_shape, dtype=np.int64)
+        at = np.array(indices, dtype=np.int64).reshape(len(indices), len(full_shape))
+        outside = np.flatnonzero(((at < -dims) | (at >= dims)).any(axis=1))
+        if outside.size:
+            raise _no_element(x, indices[outside[0]], full_shape)
+        flat = np.ravel_multi_index(tuple((at % dims).T), full_shape) if full_shape else np.zeros(len(at), np.int64)
+        b, e = np.divmod(flat.astype(np.int64), cg.types[x].size)
+        groups.append((x, b, e, np.array(positions)))
+    return groups
+
+
+def _no_element(name: str, index, full_shape: tuple[int, ...]) -> InvalidArgument:
+    return InvalidArgument(f"best path index {list(index)} does not address an element of input '{name}' "
+                           f"(shape {list(full_shape)}, batch dimensions first)")
 
 
 def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, groups) -> BestPaths:
