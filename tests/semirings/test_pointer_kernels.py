@@ -172,11 +172,12 @@ BLOCKINGS = {"fewer k than K": (4, 3), "one k per block": (3, 12), "blocks of se
              "K = 10": (10, 200)}
 
 
-def kbest_case(order, mul, zero, K, kk, carriers, special, seed=5):
+def kbest_case(order, mul, zero, K, kk, carriers, special, seed=5, m=6, items=()):
     """Operands with many ties (small integers), some elements holding fewer ranks, rows past the
-    4-row groups and columns past KBEST_J_BLOCK (m 6, n 70); `special` written into b."""
+    4-row groups and columns past KBEST_J_BLOCK (m 6, n 70); `special` written into b; `items`:
+    leading axes of both."""
     rng = np.random.default_rng(seed)
-    m, n = 6, 70
+    n = 70
 
     def klist(shape, carries):
         ranks = K if carries else 1  # a lifted partial: one rank, no pointers
@@ -184,28 +185,30 @@ def kbest_case(order, mul, zero, K, kk, carriers, special, seed=5):
         v = v[::-1] if order == "max" else v
         v[ranks:] = zero
         cut = rng.integers(1, ranks + 1, shape)  # some elements hold fewer ranks
-        v[np.arange(K)[:, None, None] >= cut] = zero
+        v[np.arange(K).reshape((K,) + (1,) * len(shape)) >= cut] = zero
         if carries:
             p = rng.permutation(K * int(np.prod(shape))).reshape((K,) + shape).astype(float)
         else:
             p = np.full((K,) + shape, -1.0)
         return list(v) + list(p) + list(rng.normal(size=(K,) + shape))
 
-    a = klist((m, kk), carriers in ("a", "both"))
-    b = klist((kk, n), carriers in ("b", "both"))
+    a = klist(items + (m, kk), carriers in ("a", "both"))
+    b = klist(items + (kk, n), carriers in ("b", "both"))
     if special is not None:
         b[0][kk // 2, 3] = special
     return a, b
 
 
-def check_kbest(order, mul, zero, K, kk, carriers, special, kernel):
-    a, b = kbest_case(order, mul, zero, K, kk, carriers, special)
+def check_kbest(order, mul, zero, K, kk, carriers, special, kernel, m=6, items=()):
+    a, b = kbest_case(order, mul, zero, K, kk, carriers, special, m=m, items=items)
     before = kernels.calls.get(("kbest_pointer_matmul", kernel), 0)
     out = pointer_kernels.kbest_pointer_matmul(tuple(a), tuple(b), K, order, mul, zero)
     assert kernels.calls.get(("kbest_pointer_matmul", kernel), 0) == before + 1
-    want = kbest_definition(a, b, K, order, mul, zero)
-    for c in range(3):
-        np.testing.assert_array_equal(np.stack(out[c * K:(c + 1) * K], -1), want[c], err_msg=f"component {c}")
+    for item in np.ndindex(items):
+        want = kbest_definition([x[item] for x in a], [x[item] for x in b], K, order, mul, zero)
+        for c in range(3):
+            got = np.stack([x[item] for x in out[c * K:(c + 1) * K]], -1)
+            np.testing.assert_array_equal(got, want[c], err_msg=f"item {item}, component {c}")
 
 
 # The block-bound kernel is one generic loop compiled per (⊕, ⊗) (~15 s each, cold): both
@@ -219,6 +222,22 @@ def test_the_k_best_block_bound_gives_the_definitions_k_best(order, mul, zero, b
     """The K best with ranks and pointers, against the definition, with fewer than K blocks of
     k (no bound) and more, one k per block and several."""
     check_kbest(order, mul, zero, *BLOCKINGS[blocking], carriers, None, "block bound")
+
+
+# rows of a on either side of pointer_kernels.ROWS_KERNEL_MAX_M, with b a lifted partial (a
+# carries) or not: the by-rows kernel only for fewer rows and b lifted
+ROWS = [(1, "a", "block bound, by rows"), (3, "a", "block bound, by rows"), (4, "a", "block bound"),
+        (1, "both", "block bound"), (2, "b", "block bound")]
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("m,carriers,kernel", ROWS)
+@pytest.mark.parametrize("blocking", ["fewer k than K", "blocks of several k", "K = 10"])
+@pytest.mark.parametrize("order,mul,zero", [CASES[0], CASES[2]])
+def test_the_k_best_of_a_few_rows_give_the_definitions_k_best(order, mul, zero, blocking, m, carriers, kernel):
+    """A row-wise Jacobian's adjoint (layer norm: a (1, n) row of adjoints by its (n, n) lifted
+    Jacobian, for a batch of rows): 2 × 3 items of m rows, against the definition item by item."""
+    check_kbest(order, mul, zero, *BLOCKINGS[blocking], carriers, None, kernel, m=m, items=(2, 3))
 
 
 @pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")

@@ -604,6 +604,92 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
                                        mul, False)
 
 
+@numba.njit(inline="always")
+def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, add, mul):
+    """`_kbest_pointers` for operands of fewer than four rows of a (m < 4) and b a lifted partial
+    (one rank, no pointers: vb, qb (items, kk, n)): a row-wise Jacobian's k-best adjoint (layer
+    norm, softmax: one matmul a row, (1, n) by (n, n)) is thousands of them. The same three
+    steps, over one row at a time, reading b where it is: the tiles `_kbest_pointers` copies are
+    worth it when four rows of a read them, but a single row reads a tile once, and copying it
+    cost 3× the rest (BERT width, n 768: 7.7 ms a row, 2.2 without). Each entry's candidate kk
+    are listed, without a branch a kk, before they are offered in order, as `_offer` would
+    offer them."""
+    items, m, kc, ka = va.shape
+    n = vb.shape[2]
+    K = ov.shape[3]
+    length = (kc + blocks - 1) // blocks
+    worst = -np.inf if add == ADD_MAX else np.inf
+    best = np.empty((blocks, 1, KBEST_J_BLOCK))
+    chosen = np.empty((K, KBEST_J_BLOCK))
+    passing = np.empty(blocks, np.int64)
+    picked = np.empty(kc, np.int64)
+    at = np.empty((1, kc))
+    for t in range(items):
+        bt, bq = vb[t], qb[t]
+        for i in range(m):
+            heads_a = at[0]
+            for kk in range(kc):
+                heads_a[kk] = va[t, i, kk, 0]
+            for j0 in range(0, n, KBEST_J_BLOCK):
+                j1 = min(n, j0 + KBEST_J_BLOCK)
+                w = j1 - j0
+                for blk in range(blocks):  # 1. the block bests of this row's tile
+                    tile = best[blk]
+                    for j in range(w):
+                        tile[0, j] = worst
+                    _tile(at, bt, tile, j0, j1, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False, zero)
+                for s in range(K):  # 2. the bound: the K-th best block
+                    for j in range(w):
+                        chosen[s, j] = worst
+                if blocks >= K:
+                    for blk in range(blocks):
+                        v = best[blk, 0]
+                        for s in range(K - 1, 0, -1):
+                            cur = chosen[s]
+                            prev = chosen[s - 1]
+                            for j in range(w):
+                                cur[j] = _accumulate(add, cur[j], _other(add, prev[j], v[j]), False)
+                        cur = chosen[0]
+                        for j in range(w):
+                            cur[j] = _accumulate(add, cur[j], v[j], False)
+                for jj in range(w):  # 3. the kk reaching the bound, then their offers
+                    low = chosen[K - 1, jj]
+                    j = j0 + jj
+                    reached = 0
+                    for blk in range(blocks):
+                        passing[reached] = blk
+                        reached += not _ahead(add, low, best[blk, 0, jj])
+                    count = 0
+                    for s in range(reached):
+                        blk = passing[s]
+                        for kk in range(blk * length, min(kc, (blk + 1) * length)):
+                            picked[count] = kk
+                            count += not _ahead(add, low, _combine(mul, heads_a[kk], bt[kk, j], False))
+                    cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
+                    for s in range(count):
+                        kk = picked[s]
+                        y = bt[kk, j]
+                        if y == zero:
+                            continue
+                        for ra in range(ka):
+                            x = va[t, i, kk, ra]
+                            if x == zero:
+                                break
+                            v = _combine(mul, x, y, False)
+                            if _ahead(add, low, v):
+                                break  # a's later ranks are no better
+                            p = pa[t, i, kk, ra] if pointers & 1 else -1.0
+                            if not (_ahead(add, v, cv[K - 1]) or (v == cv[K - 1] and p < cp[K - 1])):
+                                if v != cv[K - 1]:
+                                    break
+                                continue
+                            e = K - 1
+                            while e > 0 and (_ahead(add, v, cv[e - 1]) or (v == cv[e - 1] and p < cp[e - 1])):
+                                cv[e], cp[e], cq[e] = cv[e - 1], cp[e - 1], cq[e - 1]
+                                e -= 1
+                            cv[e], cp[e], cq[e] = v, p, qa[t, i, kk, ra] * bq[kk, j]
+
+
 @numba.njit(**_OPTIONS)
 def kbest_pointers_max_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
     _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL)
@@ -651,3 +737,43 @@ def neg_xlogx(p, r, tiny):
     for i in range(p.size):
         x = p[i]
         r[i] = -(math.log(x if x > tiny else tiny) * x)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_rows_max_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_rows_max_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_rows_max_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_rows_max_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_rows_min_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_rows_min_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_rows_min_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX)
+
+
+@numba.njit(**_OPTIONS)
+def kbest_pointers_rows_min_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN)

@@ -25,6 +25,7 @@ _MULS = {"mul": 0, "add": 1, "max": 2, "min": 3}  # the codes of _jit_kernels (M
 _ADDS = {"max": 0, "min": 1}
 K_BLOCKS_PER_RANK = 4  # the block-bound kernel splits k into at least 4 blocks per best kept...
 K_BLOCK_LENGTH = 16  # ...and into blocks of at most 16 k
+ROWS_KERNEL_MAX_M = 4  # fewer rows of a, b a lifted partial: the by-rows kernel (no tile copies)
 _compiled = None
 _failed = importlib.util.find_spec("numba") is None
 
@@ -191,7 +192,8 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
     """3k-array k-best values (value ranks, pointer ranks, partial ranks): the K best, or None.
 
     Operands whose products cannot be NaN take the block-bound kernel
-    (`_jit_kernels.kbest_pointers_{⊕}_{⊗}`), the others the one-pass form
+    (`_jit_kernels.kbest_pointers_{⊕}_{⊗}`; with fewer than 4 rows of a and b a lifted partial,
+    `kbest_pointers_rows_{⊕}_{⊗}`), the others the one-pass form
     (`kbest_pointers_any`); both offer each k with `_jit_kernels._offer`. A side whose pointers
     are all NONE (a lifted partial) passes none; b keeps its layout."""
     if _kernels() is None:
@@ -215,9 +217,16 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
     jit = tropical_kernels.jit_kernels()
     operands = [tropical_kernels.readonly(x) for x in (va, pa, qa, vb, pb, qb)]
     if tropical_kernels.nan_free_products(va, vb, multiplication):
-        tropical_kernels.count("kbest_pointer_matmul", "block bound")
         blocks = min(kk, max(K_BLOCKS_PER_RANK * k, -(-kk // K_BLOCK_LENGTH)))
-        getattr(jit, f"kbest_pointers_{addition}_{multiplication}")(*operands, float(zero), blocks, pointers, ov, op, oq)
+        if m < ROWS_KERNEL_MAX_M and vb.shape[-1] == 1 and not pointers & 2:
+            tropical_kernels.count("kbest_pointer_matmul", "block bound, by rows")
+            getattr(jit, f"kbest_pointers_rows_{addition}_{multiplication}")(
+                *operands[:3], *(tropical_kernels.readonly(x[..., 0]) for x in (vb, qb)), float(zero), blocks,
+                pointers, ov, op, oq)
+        else:
+            tropical_kernels.count("kbest_pointer_matmul", "block bound")
+            getattr(jit, f"kbest_pointers_{addition}_{multiplication}")(*operands, float(zero), blocks, pointers,
+                                                                         ov, op, oq)
     else:
         tropical_kernels.count("kbest_pointer_matmul", "one pass")
         jit.kbest_pointers_any(*operands, float(zero), pointers, _ADDS[addition], _MULS[multiplication], ov, op, oq)
