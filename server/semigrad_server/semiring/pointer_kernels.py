@@ -238,9 +238,32 @@ _NO_POINTERS = np.full((1, 1, 1, 1), NONE)
 
 
 def _stacked(parts, lead, tail):
-    """Ranks stacked last: (items,) + tail + (ranks,), C-contiguous (one rank: a view, no copy)."""
+    """Ranks stacked last: (items,) + tail + (ranks,), C-contiguous (one rank, or ranks that are
+    the last axis of one C-contiguous array already, as a k-best op leaves them: a view, no copy)."""
+    whole = stacked_view(parts)
+    if whole is not None and whole.shape == lead + tail + (len(parts),) and whole.flags.c_contiguous:
+        return whole.reshape((-1,) + tail + (len(parts),))
     flat = _flat(parts, lead, tail)
     return flat[0][..., None] if len(flat) == 1 else np.stack(flat, axis=-1)
+
+
+def stacked_view(parts) -> np.ndarray | None:
+    """The read-only (..., len(parts)) view whose last axis `parts` are, when they are evenly
+    spaced views of one buffer (a k-best value's ranks as its last op wrote them: each a
+    `[..., r]` slice of one (..., k) array, maybe reshaped), or None: stacking them would copy."""
+    first = parts[0]
+    if type(first) is not np.ndarray or len(parts) < 2:
+        return None
+    owner = first if first.base is None else first.base
+    start = first.__array_interface__["data"][0]
+    step = parts[1].__array_interface__["data"][0] - start if type(parts[1]) is np.ndarray else 0
+    for r, part in enumerate(parts):
+        if type(part) is not np.ndarray or part.shape != first.shape or part.strides != first.strides or \
+                part.dtype != first.dtype or (part if part.base is None else part.base) is not owner or \
+                part.__array_interface__["data"][0] != start + r * step:
+            return None
+    return np.lib.stride_tricks.as_strided(first, first.shape + (len(parts),), first.strides + (step,),
+                                           writeable=False)
 
 
 def top_candidates(v, p, q, k: int, sign: float):

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..deadline import check
 from .kernels import everywhere
-from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul, top_candidates
+from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul, stacked_view, top_candidates
 from .base import Semiring
 from .tropical import TropicalSemiring
 
@@ -149,20 +149,6 @@ class PointerSemiring(Semiring):
         return v, ptr, np.broadcast_to(np.float64(1.0), ptr.shape)
 
 
-def _unstacked(parts) -> np.ndarray | None:
-    """The (..., k) array whose last axis `parts` are (as _unstack leaves them: the previous
-    k-best op's result), or None: stacking them again would copy it."""
-    whole = parts[0].base
-    if whole is None or whole.shape != parts[0].shape + (len(parts),) or whole.dtype != parts[0].dtype:
-        return None
-    start, step = whole.__array_interface__["data"][0], whole.strides[-1]
-    for r, part in enumerate(parts):
-        if part.base is not whole or part.strides != whole.strides[:-1] or \
-                part.__array_interface__["data"][0] != start + r * step:
-            return None
-    return whole
-
-
 class KBestPointerSemiring(Semiring):
     """The k best path values of a max- or min-ordered semiring (a `TropicalSemiring`:
     max_product, maxplus, minplus, bottleneck), each with its back-pointer and edge partial:
@@ -204,7 +190,7 @@ class KBestPointerSemiring(Semiring):
         for r in range(3):
             check("in a k-best step")
             group = parts[r * k:(r + 1) * k]
-            whole = _unstacked(group)
+            whole = stacked_view(group)
             out.append(np.stack(group, -1) if whole is None else whole)
         return tuple(out)
 
@@ -265,13 +251,15 @@ class KBestPointerSemiring(Semiring):
         return self._unstack(*self._top(v.reshape(shape), p.reshape(shape), q.reshape(shape)))
 
     def add(self, a, b):
-        va, pa, qa = self._stack(a)
-        vb, pb, qb = self._stack(b)
-        va, vb = np.broadcast_arrays(va, vb)
-        pa, pb = np.broadcast_arrays(pa, pb)
-        qa, qb = np.broadcast_arrays(qa, qb)
-        return self._unstack(*self._top(np.concatenate([va, vb], -1), np.concatenate([pa, pb], -1),
-                                        np.concatenate([qa, qb], -1)))
+        # both values' ranks as one (..., 2k) array of candidates each: one copy (stacking each
+        # value, then joining them, made three)
+        k = self.k
+        parts = np.broadcast_arrays(*a, *b)
+        candidates = []
+        for r in range(3):
+            check("in a k-best step")
+            candidates.append(np.stack(parts[r * k:(r + 1) * k] + parts[3 * k + r * k:3 * k + (r + 1) * k], -1))
+        return self._unstack(*self._top(*candidates))
 
     def sum(self, a, axis, keepdims=False):
         v, p, q = self._stack(a)
