@@ -266,3 +266,27 @@ def test_the_k_best_candidates_are_lexsorts_first_k(k, candidates, sign):
     order = np.lexsort((p, -sign * v), axis=-1)[:, :k]
     for g, x in zip(got, (v, p, q)):
         np.testing.assert_array_equal(g, np.take_along_axis(x, order, -1))
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_a_k_best_sum_of_two_values_is_lexsorts_first_k_of_both(k, sign):
+    """top_of_two(a, b) (a k-best ⊕, each value's k ranks as they are) against np.lexsort of a's
+    candidates then b's: ties between the values, ±0, ±inf and NaN, strided operands."""
+    rng = np.random.default_rng(7)
+    rows = 300
+
+    def value():
+        v = rng.choice([0.0, -0.0, 1.0, 2.0, np.inf, -np.inf, np.nan], size=(rows, k), p=[.2, .1, .3, .2, .07, .07, .06])
+        v = np.sort(v, axis=-1)[:, ::-1] if sign > 0 else np.sort(v, axis=-1)
+        p = rng.integers(-1, 4, size=(rows, k)).astype(float)
+        q = rng.normal(size=(rows, 2 * k))[:, ::2]  # strided
+        return v, p, q
+
+    a, b = value(), value()
+    got = pointer_kernels.top_of_two(a, b, sign)
+    v, p, q = (np.concatenate([x, y], -1) for x, y in zip(a, b))
+    order = np.lexsort((p, -sign * v), axis=-1)[:, :k]
+    for g, x in zip(got, (v, p, q)):
+        np.testing.assert_array_equal(g, np.take_along_axis(x, order, -1))

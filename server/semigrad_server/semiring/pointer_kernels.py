@@ -97,6 +97,28 @@ def _compile():
                 held = min(K, held + 1)
 
     @numba.njit(cache=True, nogil=True)
+    def top_of_two(va, pa, qa, vb, pb, qb, sign, ov, op, oq):
+        # `top` of each row's candidates a's then b's (each (rows, k)), without joining them first
+        rows, K = va.shape
+        for r in range(rows):
+            cv, cp, cq = ov[r], op[r], oq[r]
+            held = 0
+            for c in range(2 * K):
+                if c < K:
+                    v, y, w = va[r, c], pa[r, c], qa[r, c]
+                else:
+                    v, y, w = vb[r, c - K], pb[r, c - K], qb[r, c - K]
+                x = -sign * v
+                if held == K and not before(x, y, -sign * cv[K - 1], cp[K - 1]):
+                    continue
+                s = held if held < K else K - 1
+                while s > 0 and before(x, y, -sign * cv[s - 1], cp[s - 1]):
+                    cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
+                    s -= 1
+                cv[s], cp[s], cq[s] = v, y, w
+                held = min(K, held + 1)
+
+    @numba.njit(cache=True, nogil=True)
     def gather(first, ptr, qa, qb, ip, ia, ib, a_carries, out_ptr, out_partial):
         # each entry's pointer and partial at its winning k (first; -1: no winner: NONE, 0)
         items, m, n = first.shape
@@ -112,7 +134,7 @@ def _compile():
                         out_ptr[t, i, j] = pt[i, k] if a_carries else pt[k, j]
                         out_partial[t, i, j] = at[i, k] * bt[k, j]
 
-    return single, top, gather
+    return single, top, gather, top_of_two
 
 
 def _kernels():
@@ -239,9 +261,11 @@ _NO_POINTERS = np.full((1, 1, 1, 1), NONE)
 
 def _stacked(parts, lead, tail):
     """Ranks stacked last: (items,) + tail + (ranks,), C-contiguous (one rank, or ranks that are
-    the last axis of one C-contiguous array already, as a k-best op leaves them: a view, no copy)."""
+    the last axis of one C-contiguous array already, as a k-best op leaves them: a view, no copy;
+    of one buffer otherwise (`stacked_view`): one copy)."""
     whole = stacked_view(parts)
-    if whole is not None and whole.shape == lead + tail + (len(parts),) and whole.flags.c_contiguous:
+    if whole is not None:  # one copy at most, where stacking copies every rank twice
+        whole = np.ascontiguousarray(np.broadcast_to(whole, lead + tail + (len(parts),)), dtype=np.float64)
         return whole.reshape((-1,) + tail + (len(parts),))
     flat = _flat(parts, lead, tail)
     return flat[0][..., None] if len(flat) == 1 else np.stack(flat, axis=-1)
@@ -279,6 +303,20 @@ def top_candidates(v, p, q, k: int, sign: float):
     out = [np.empty((len(rows[0]), k)) for _ in range(3)]
     kernels[1](*rows, k, float(sign), *out)
     return tuple(x.reshape(shape + (k,)) for x in out)
+
+
+def top_of_two(a, b, sign: float):
+    """`top_candidates` of a's k candidates then b's (each (v, p, q), (..., k) arrays of one shape,
+    any strides), keeping k: a k-best ⊕ without joining the two values' ranks first. None without
+    numba."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    shape = a[0].shape
+    rows = [tropical_kernels.readonly(x.reshape(-1, shape[-1])) for x in (*a, *b)]
+    out = [np.empty(rows[0].shape) for _ in range(3)]
+    kernels[3](*rows, float(sign), *out)
+    return tuple(x.reshape(shape) for x in out)
 
 
 def _ranks(value, k: int, zero: float) -> int:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..deadline import check
 from .kernels import everywhere
-from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul, stacked_view, top_candidates
+from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul, stacked_view, top_candidates, top_of_two
 from .base import Semiring
 from .tropical import TropicalSemiring
 
@@ -251,15 +251,21 @@ class KBestPointerSemiring(Semiring):
         return self._unstack(*self._top(v.reshape(shape), p.reshape(shape), q.reshape(shape)))
 
     def add(self, a, b):
-        # both values' ranks as one (..., 2k) array of candidates each: one copy (stacking each
-        # value, then joining them, made three)
+        # each value's ranks as they are when they are one array's last axis (stacked_view), the
+        # others stacked, and the two merged by `top_of_two` without joining them first
         k = self.k
-        parts = np.broadcast_arrays(*a, *b)
-        candidates = []
-        for r in range(3):
-            check("in a k-best step")
-            candidates.append(np.stack(parts[r * k:(r + 1) * k] + parts[3 * k + r * k:3 * k + (r + 1) * k], -1))
-        return self._unstack(*self._top(*candidates))
+        groups = []
+        for x in (a, b):
+            for r in range(3):
+                check("in a k-best step")
+                group = np.broadcast_arrays(*x[r * k:(r + 1) * k])
+                view = stacked_view(group)
+                groups.append(np.stack(group, -1) if view is None else view)
+        groups = np.broadcast_arrays(*groups)
+        out = top_of_two(groups[:3], groups[3:], self._sign)
+        if out is None:
+            out = self._top(*(np.concatenate([x, y], -1) for x, y in zip(groups[:3], groups[3:])))
+        return self._unstack(*out)
 
     def sum(self, a, axis, keepdims=False):
         v, p, q = self._stack(a)
