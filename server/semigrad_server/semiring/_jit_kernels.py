@@ -507,6 +507,29 @@ def kbest_pointers_any(va, pa, qa, vb, pb, qb, zero, pointers, add, mul, ov, op,
                     _offer(va, pa, qa, vb, pb, qb, t, i, t, j, kk, zero, pointers, worst, cv, cp, cq, add, mul, True)
 
 
+@numba.njit
+def _kth_best_block(best, r, w, chosen, add, worst):
+    """chosen[s, j] = the (s+1)-th best of best[:, r, j] over the blocks (worst where there are
+    fewer), for the first w columns: an insertion network, vectorised along j. chosen[K - 1] is
+    the bound of `_kbest_pointers` step 2."""
+    K, blocks = chosen.shape[0], best.shape[0]
+    for s in range(K):
+        for j in range(w):
+            chosen[s, j] = worst
+    if blocks < K:
+        return
+    for blk in range(blocks):
+        v = best[blk, r]
+        for s in range(K - 1, 0, -1):
+            cur = chosen[s]
+            prev = chosen[s - 1]
+            for j in range(w):
+                cur[j] = _accumulate(add, cur[j], _other(add, prev[j], v[j]), False)
+        cur = chosen[0]
+        for j in range(w):
+            cur[j] = _accumulate(add, cur[j], v[j], False)
+
+
 @numba.njit(inline="always")
 def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, add, mul):
     """The k best products with back-pointers (`pointer_kernels.kbest_pointer_matmul`), for
@@ -571,20 +594,7 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
                     _tile(at, bt, tile, 0, w, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False, zero)
                 for r in range(rows):
                     i = i0 + r
-                    for s in range(K):  # 2. chosen[s, j]: the (s+1)-th best block so far (an insertion network)
-                        for j in range(w):
-                            chosen[s, j] = worst
-                    if blocks >= K:
-                        for blk in range(blocks):
-                            v = best[blk, r]
-                            for s in range(K - 1, 0, -1):
-                                cur = chosen[s]
-                                prev = chosen[s - 1]
-                                for j in range(w):
-                                    cur[j] = _accumulate(add, cur[j], _other(add, prev[j], v[j]), False)
-                            cur = chosen[0]
-                            for j in range(w):
-                                cur[j] = _accumulate(add, cur[j], v[j], False)
+                    _kth_best_block(best, r, w, chosen, add, worst)  # 2.
                     bound = chosen[K - 1]
                     for blk in range(blocks):  # 3. block by block (its panel of b stays in L1), each kk in order
                         heads = best[blk, r]
@@ -612,8 +622,7 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
     steps, over one row at a time, reading b where it is: the tiles `_kbest_pointers` copies are
     worth it when four rows of a read them, but a single row reads a tile once, and copying it
     cost 3× the rest (BERT width, n 768: 7.7 ms a row, 2.2 without). Each entry's candidate kk
-    are listed, without a branch a kk, before they are offered in order, as `_offer` would
-    offer them."""
+    are listed, without a branch a kk, before they are offered in order (`_offer`)."""
     items, m, kc, ka = va.shape
     n = vb.shape[2]
     K = ov.shape[3]
@@ -624,8 +633,10 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
     passing = np.empty(blocks, np.int64)
     picked = np.empty(kc, np.int64)
     at = np.empty((1, kc))
+    b_ranks, q_ranks = vb.reshape((items, kc, n, 1)), qb.reshape((items, kc, n, 1))  # b's one rank, as `_offer` reads
+    no_pointers = np.full((1, 1, 1, 1), -1.0)
     for t in range(items):
-        bt, bq = vb[t], qb[t]
+        bt = vb[t]
         for i in range(m):
             heads_a = at[0]
             for kk in range(kc):
@@ -638,20 +649,7 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
                     for j in range(w):
                         tile[0, j] = worst
                     _tile(at, bt, tile, j0, j1, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False, zero)
-                for s in range(K):  # 2. the bound: the K-th best block
-                    for j in range(w):
-                        chosen[s, j] = worst
-                if blocks >= K:
-                    for blk in range(blocks):
-                        v = best[blk, 0]
-                        for s in range(K - 1, 0, -1):
-                            cur = chosen[s]
-                            prev = chosen[s - 1]
-                            for j in range(w):
-                                cur[j] = _accumulate(add, cur[j], _other(add, prev[j], v[j]), False)
-                        cur = chosen[0]
-                        for j in range(w):
-                            cur[j] = _accumulate(add, cur[j], v[j], False)
+                _kth_best_block(best, 0, w, chosen, add, worst)  # 2. the bound: the K-th best block
                 for jj in range(w):  # 3. the kk reaching the bound, then their offers
                     low = chosen[K - 1, jj]
                     j = j0 + jj
@@ -667,27 +665,8 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
                             count += not _ahead(add, low, _combine(mul, heads_a[kk], bt[kk, j], False))
                     cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
                     for s in range(count):
-                        kk = picked[s]
-                        y = bt[kk, j]
-                        if y == zero:
-                            continue
-                        for ra in range(ka):
-                            x = va[t, i, kk, ra]
-                            if x == zero:
-                                break
-                            v = _combine(mul, x, y, False)
-                            if _ahead(add, low, v):
-                                break  # a's later ranks are no better
-                            p = pa[t, i, kk, ra] if pointers & 1 else -1.0
-                            if not (_ahead(add, v, cv[K - 1]) or (v == cv[K - 1] and p < cp[K - 1])):
-                                if v != cv[K - 1]:
-                                    break
-                                continue
-                            e = K - 1
-                            while e > 0 and (_ahead(add, v, cv[e - 1]) or (v == cv[e - 1] and p < cp[e - 1])):
-                                cv[e], cp[e], cq[e] = cv[e - 1], cp[e - 1], cq[e - 1]
-                                e -= 1
-                            cv[e], cp[e], cq[e] = v, p, qa[t, i, kk, ra] * bq[kk, j]
+                        _offer(va, pa, qa, b_ranks, no_pointers, q_ranks, t, i, t, j, picked[s], zero, pointers & 1, low,
+                               cv, cp, cq, add, mul, False)
 
 
 @numba.njit(**_OPTIONS)

@@ -79,44 +79,39 @@ def _compile():
         return x == x2 and y < y2
 
     @numba.njit(cache=True, nogil=True)
+    def insert(v, y, w, sign, cv, cp, cq, held):
+        # candidate (v, y, w) into the `held` best so far (cv, cp, cq, K long) in (-sign·v, p)
+        # order, after its equals (stably); returns how many are held now
+        K = cv.shape[0]
+        x = -sign * v
+        if held == K and not before(x, y, -sign * cv[K - 1], cp[K - 1]):
+            return held
+        s = held if held < K else K - 1
+        while s > 0 and before(x, y, -sign * cv[s - 1], cp[s - 1]):
+            cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
+            s -= 1
+        cv[s], cp[s], cq[s] = v, y, w
+        return min(K, held + 1)
+
+    @numba.njit(cache=True, nogil=True)
     def top(v, p, q, K, sign, ov, op, oq):
         # per row: the first K candidates in (-sign·v, p) order, stably (lexsort's first K)
         rows, C = v.shape
         for r in range(rows):
-            cv, cp, cq = ov[r], op[r], oq[r]
             held = 0
             for c in range(C):
-                x, y = -sign * v[r, c], p[r, c]
-                if held == K and not before(x, y, -sign * cv[K - 1], cp[K - 1]):
-                    continue
-                s = held if held < K else K - 1
-                while s > 0 and before(x, y, -sign * cv[s - 1], cp[s - 1]):
-                    cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
-                    s -= 1
-                cv[s], cp[s], cq[s] = v[r, c], y, q[r, c]
-                held = min(K, held + 1)
+                held = insert(v[r, c], p[r, c], q[r, c], sign, ov[r], op[r], oq[r], held)
 
     @numba.njit(cache=True, nogil=True)
     def top_of_two(va, pa, qa, vb, pb, qb, sign, ov, op, oq):
         # `top` of each row's candidates a's then b's (each (rows, k)), without joining them first
         rows, K = va.shape
         for r in range(rows):
-            cv, cp, cq = ov[r], op[r], oq[r]
             held = 0
-            for c in range(2 * K):
-                if c < K:
-                    v, y, w = va[r, c], pa[r, c], qa[r, c]
-                else:
-                    v, y, w = vb[r, c - K], pb[r, c - K], qb[r, c - K]
-                x = -sign * v
-                if held == K and not before(x, y, -sign * cv[K - 1], cp[K - 1]):
-                    continue
-                s = held if held < K else K - 1
-                while s > 0 and before(x, y, -sign * cv[s - 1], cp[s - 1]):
-                    cv[s], cp[s], cq[s] = cv[s - 1], cp[s - 1], cq[s - 1]
-                    s -= 1
-                cv[s], cp[s], cq[s] = v, y, w
-                held = min(K, held + 1)
+            for c in range(K):
+                held = insert(va[r, c], pa[r, c], qa[r, c], sign, ov[r], op[r], oq[r], held)
+            for c in range(K):
+                held = insert(vb[r, c], pb[r, c], qb[r, c], sign, ov[r], op[r], oq[r], held)
 
     @numba.njit(cache=True, nogil=True)
     def gather(first, ptr, qa, qb, ip, ia, ib, a_carries, out_ptr, out_partial):
