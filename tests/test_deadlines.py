@@ -186,12 +186,13 @@ def test_a_matmul_chain_is_checked_at_every_step(stub, rpc_log):
     # matmul of the batch is one NumPy call (~35 ms idle, over 100 ms in a loaded CI run, which
     # went 122.9 ms past against 120 allowed; others 195 and 363 ms while their timed runs took
     # 7-8 ms a step, the last stopping after its first step: the step at the deadline is allowed
-    # twice this call's own mean step, or three times the slowest timed run's); checked every 64
-    # steps, it ran the whole chain, ~45 steps past the deadline.
+    # four times this call's own mean step, or three times the slowest timed run's: a fresh-clone
+    # CI run's step at the deadline took 533 ms, 3.5 times its call's mean of 154); checked every
+    # 64 steps, it ran the whole chain, ~45 steps past the deadline.
     done = re.search(r"\((\d+)/(\d+) steps\)", line)
     assert done and int(done.group(1)) < int(done.group(2)), line
     this_call = float(re.search(r" ms=([0-9.]+)", line).group(1)) / 1e3 / max(1, int(done.group(1)))
-    assert_stopped_in_time(line, within=max(OVERRUN, 3 * max(runs) / (steps + 1), 2 * this_call))
+    assert_stopped_in_time(line, within=max(OVERRUN, 3 * max(runs) / (steps + 1), 4 * this_call))
     assert "at node 'm" in line
 
 
