@@ -26,7 +26,7 @@ from semigrad_server.cpus import available_cpus, cgroup_quota
 from semigrad_server.service import build_server
 from semigrad_server.service.auth import load_tokens
 from semigrad_server.service.metrics import Metrics
-from test_serve import free_port, stop, wait_until_serving
+from test_serve import free_port, read_output, stop, wait_for_workers, wait_until_serving
 
 TOKEN = "metrics-tenant-token-0123456789"
 
@@ -219,17 +219,10 @@ def test_workers_metrics_are_summed_and_logs_are_json(tmp_path):
          "--metrics-host", "127.0.0.1", "--log-format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     address = f"127.0.0.1:{port}"
-    output: list[str] = []  # read as it comes: the calls wait for both workers' "serving" lines
-    reader = threading.Thread(target=lambda: output.extend(iter(process.stdout.readline, "")), daemon=True)
-    reader.start()
+    read_output(process)
     try:
         wait_until_serving(address, process)
-        # one worker serving is enough for the health check, but connections made before the other
-        # listens all go to the first (a fresh-clone CI run: 12 of 12 on one pid)
-        deadline = time.monotonic() + 60
-        while sum('"semigrad serving on' in line for line in output) < 2:
-            assert time.monotonic() < deadline and process.poll() is None, "".join(output)
-            time.sleep(0.05)
+        wait_for_workers(process, 2)
         with sg.Client(address, timeout=20) as client:
             graph_id = client.register(square_graph()).id
         calls = 12
@@ -238,11 +231,7 @@ def test_workers_metrics_are_summed_and_logs_are_json(tmp_path):
                 client.get_graph(graph_id).gradient({"x": [1.0, 2.0, 3.0]})
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-        reader.join(timeout=10)
-        log = "".join(output)
-    assert process.returncode == 0, log
+        log = stop(process)
     counts = {m.group(1): float(m.group(2)) for m in
               re.finditer(r'^semigrad_requests_total\{code="OK",rpc="(\w+)"\} (\S+)$', text, re.M)}
     assert counts.get("Gradient") == calls and counts.get("GetGraph") == calls, text

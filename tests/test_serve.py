@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -43,7 +44,8 @@ def wait_until_serving(address: str, process: subprocess.Popen) -> None:
         health = health_pb2_grpc.HealthStub(channel)
         while True:
             if process.poll() is not None:
-                raise AssertionError(f"server exited early with {process.returncode}: {process.communicate()}")
+                output = "".join(process.lines) if hasattr(process, "lines") else process.communicate()
+                raise AssertionError(f"server exited early with {process.returncode}: {output}")
             try:
                 response = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
                 if response.status == health_pb2.HealthCheckResponse.SERVING:
@@ -65,25 +67,59 @@ def list_services(address: str) -> list[str]:
 
 @contextlib.contextmanager
 def serving(*args: str, port: int | None = None):
-    """A `semigrad serve` subprocess on a loopback port: yields (address, process)."""
+    """A `semigrad serve` subprocess on a loopback port: yields (address, process) once every worker
+    it starts (`--workers`) serves, its output read as it comes (stop() returns all of it)."""
     port = port or free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "semigrad_server", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    read_output(process)
     try:
         wait_until_serving(f"127.0.0.1:{port}", process)
+        wait_for_workers(process, int(args[args.index("--workers") + 1]) if "--workers" in args else 1)
         yield f"127.0.0.1:{port}", process
     finally:
         if process.poll() is None:  # the supervisor and its workers: they all hold the output pipe
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+            process.wait()
+        process.reader.join(timeout=EXIT_TIMEOUT)
+
+
+def read_output(process: subprocess.Popen) -> None:
+    """Read `process`'s output as it comes, into process.lines, on a thread of its own (process.reader)."""
+    process.lines = []
+
+    def read():
+        for line in iter(process.stdout.readline, ""):
+            process.lines.append(line)
+
+    process.reader = threading.Thread(target=read, daemon=True)
+    process.reader.start()
+
+
+def wait_for_workers(process: subprocess.Popen, workers: int) -> None:
+    """Until `workers` worker processes have logged that they serve. A health check answers as soon
+    as one does, and connections made before the others listen all go to it (fresh-clone CI runs:
+    16 of 16 calls on one of two workers)."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while sum("semigrad serving on" in line for line in process.lines) < workers:
+        assert process.poll() is None, f"server exited early with {process.returncode}: {''.join(process.lines)}"
+        assert time.monotonic() < deadline, f"not {workers} workers serving after {STARTUP_TIMEOUT} s: " \
+                                            f"{''.join(process.lines)}"
+        time.sleep(0.05)
 
 
 def stop(process: subprocess.Popen) -> str:
+    """SIGTERM; the server's whole output once it has exited (0)."""
     process.send_signal(signal.SIGTERM)
     try:
-        log, _ = process.communicate(timeout=EXIT_TIMEOUT)
+        if hasattr(process, "reader"):  # (read_output)
+            process.wait(timeout=EXIT_TIMEOUT)
+            process.reader.join(timeout=EXIT_TIMEOUT)
+            log = "".join(process.lines)
+        else:
+            log, _ = process.communicate(timeout=EXIT_TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"server still running {EXIT_TIMEOUT} s after SIGTERM")
     assert process.returncode == 0, log
