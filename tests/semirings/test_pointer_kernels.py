@@ -290,3 +290,35 @@ def test_a_k_best_sum_of_two_values_is_lexsorts_first_k_of_both(k, sign):
     order = np.lexsort((p, -sign * v), axis=-1)[:, :k]
     for g, x in zip(got, (v, p, q)):
         np.testing.assert_array_equal(g, np.take_along_axis(x, order, -1))
+
+
+def _ranks_of(whole):
+    return [whole[..., r] for r in range(whole.shape[-1])]
+
+
+_OWNER = np.arange(2 * 3 * 4, dtype=float).reshape(2, 3, 4)
+_CONSTANT = np.broadcast_to(0.0, (2, 3))
+STACKS = {  # parts -> whether they are one buffer's last axis, evenly spaced
+    "a k-best op's ranks": (_ranks_of(_OWNER), True),
+    "reshaped": ([x.reshape(3, 2) for x in _ranks_of(_OWNER)], True),
+    "transposed": ([x.T for x in _ranks_of(_OWNER)], True),
+    "one constant repeated": ([_CONSTANT] * 3, True),
+    "ranks out of order": ([_OWNER[..., 1], _OWNER[..., 0], _OWNER[..., 2]], False),
+    "a rank skipped": ([_OWNER[..., 0], _OWNER[..., 1], _OWNER[..., 3]], False),
+    "two buffers": ([_OWNER[..., 0], _OWNER[..., 1].copy()], False),
+    "other strides": ([_OWNER[..., 0], np.ascontiguousarray(_OWNER[..., 1])], False),
+    "one rank": ([_OWNER[..., 0]], False),
+    "not arrays": ([0.0, 1.0], False),
+}
+
+
+@pytest.mark.parametrize("case", list(STACKS))
+def test_ranks_are_read_in_place_only_when_they_are_one_buffers_last_axis(case):
+    """stacked_view: the ranks' (..., k) view, read-only, equal to np.stack of them, exactly when
+    they are evenly spaced views of one buffer; None otherwise (they are then stacked: a copy)."""
+    parts, in_place = STACKS[case]
+    view = pointer_kernels.stacked_view(parts)
+    assert (view is not None) == in_place
+    if in_place:
+        np.testing.assert_array_equal(view, np.stack(parts, -1))
+        assert not view.flags.writeable

@@ -270,14 +270,14 @@ def stacked_view(parts) -> np.ndarray | None:
     """The read-only (..., len(parts)) view whose last axis `parts` are, when they are evenly
     spaced views of one buffer (a k-best value's ranks as its last op wrote them: each a
     `[..., r]` slice of one (..., k) array, maybe reshaped), or None: stacking them would copy."""
-    first = parts[0]
-    if type(first) is not np.ndarray or len(parts) < 2:
+    if len(parts) < 2 or any(type(part) is not np.ndarray for part in parts):
         return None
+    first = parts[0]
     owner = first if first.base is None else first.base
     start = first.__array_interface__["data"][0]
-    step = parts[1].__array_interface__["data"][0] - start if type(parts[1]) is np.ndarray else 0
+    step = parts[1].__array_interface__["data"][0] - start
     for r, part in enumerate(parts):
-        if type(part) is not np.ndarray or part.shape != first.shape or part.strides != first.strides or \
+        if part.shape != first.shape or part.strides != first.strides or \
                 part.dtype != first.dtype or (part if part.base is None else part.base) is not owner or \
                 part.__array_interface__["data"][0] != start + r * step:
             return None

@@ -251,17 +251,8 @@ class KBestPointerSemiring(Semiring):
         return self._unstack(*self._top(v.reshape(shape), p.reshape(shape), q.reshape(shape)))
 
     def add(self, a, b):
-        # each value's ranks as they are when they are one array's last axis (stacked_view), the
-        # others stacked, and the two merged by `top_of_two` without joining them first
-        k = self.k
-        groups = []
-        for x in (a, b):
-            for r in range(3):
-                check("in a k-best step")
-                group = np.broadcast_arrays(*x[r * k:(r + 1) * k])
-                view = stacked_view(group)
-                groups.append(np.stack(group, -1) if view is None else view)
-        groups = np.broadcast_arrays(*groups)
+        # the two values' ranks merged by `top_of_two` as `_stack` gives them, not joined first
+        groups = np.broadcast_arrays(*self._stack(a), *self._stack(b))
         out = top_of_two(groups[:3], groups[3:], self._sign)
         if out is None:
             out = self._top(*(np.concatenate([x, y], -1) for x, y in zip(groups[:3], groups[3:])))
