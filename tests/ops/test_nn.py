@@ -77,6 +77,46 @@ def test_values_and_gradients_match_pytorch_with_batch_axes_on_every_operand(cli
             np.testing.assert_allclose(grads[f"x{i}"][b], wg, rtol=1e-10, atol=1e-12, err_msg=f"{name} d/dx{i}")
 
 
+_E = np.e
+# rows holding ±inf: values as PyTorch gives them (torch.softmax, log_softmax, logsumexp of each
+# row, float64), written out: a +inf makes softmax and log_softmax NaN everywhere and logsumexp
+# +inf; a row of -inf makes NaN and -inf; a -inf beside finite values is an exact 0 (log: -inf)
+NONFINITE_ROWS = np.array([[1.0, np.inf, 2.0], [-np.inf, -np.inf, -np.inf], [1.0, -np.inf, 2.0]])
+NONFINITE_WANT = {
+    "softmax": [[np.nan] * 3, [np.nan] * 3, [_E / (_E + _E**2), 0.0, _E**2 / (_E + _E**2)]],
+    "log_softmax": [[np.nan] * 3, [np.nan] * 3, [1 - np.log(_E + _E**2), -np.inf, 2 - np.log(_E + _E**2)]],
+    "logsumexp": [np.inf, -np.inf, np.log(_E + _E**2)],
+}
+
+
+@pytest.mark.parametrize("backend", ["tensor", "scalar"])
+@pytest.mark.parametrize("name", list(NONFINITE_WANT))
+def test_rows_holding_infinities_give_pytorchs_values_on_every_backend(client, name, backend):
+    """The tensor kernels and the scalar expansions of the normalisations agree with PyTorch on
+    rows holding ±inf. The tensor kernels of softmax and log_softmax had kept a finite part of a
+    row holding +inf (log_softmax [-inf, nan, -inf]) where the scalar programs gave NaN: a request
+    for best paths, which runs the tensor plan, returned paths through values the plain forward
+    said were NaN."""
+    g = sg.Graph()
+    x = g.input("x", NONFINITE_ROWS.shape)
+    g.output("y", getattr(sg, name)(x, axis=-1))
+    got = client.register(g).evaluate({"x": NONFINITE_ROWS}, backend=backend)["y"]
+    np.testing.assert_allclose(got, NONFINITE_WANT[name], rtol=1e-15, atol=0)
+
+
+def test_no_best_path_goes_through_a_row_that_a_plus_infinity_makes_nan(client):
+    """log_softmax of a row holding +inf is NaN everywhere, so no path to W through its tanh: the
+    best paths of every element of W are empty, as the plain max-product gradient is NaN."""
+    g = sg.Graph()
+    x, w = g.input("x", (1, 3)), g.input("W", (3, 2))
+    g.output("y", sg.sum(sg.matmul(sg.tanh(sg.log_softmax(x)), w)))
+    f = client.register(g)
+    point = {"x": np.array([[1.0, np.inf, 2.0]]), "W": np.ones((3, 2))}
+    assert np.isnan(f.gradient(point, semiring="max_product")["W"]).all()
+    assert len(f.gradient(point, semiring="max_product", top_paths=3).best_paths) == 0
+    assert all(not p.steps for p in f.gradient(point, semiring="max_product", wrt=["W"], best_path="all").best_paths)
+
+
 def test_max_pool_gives_a_tie_to_the_first_maximum_of_the_window_as_pytorch_does(client):
     """Windows of equal values (ReLU's zeros): the whole gradient goes to the window's first
     element in row-major order, on every backend."""

@@ -54,9 +54,17 @@ def _dense(ctx) -> bool:
     return getattr(ctx, "semiring", None) is not None
 
 
+def _row_max(x, axis):
+    """The max subtracted before exp (real part: complex steps keep it fixed). A row holding +inf
+    then gives softmax and log_softmax NaN everywhere (inf - inf), as their scalar expansions and
+    PyTorch do."""
+    return np.max(np.real(x), axis=axis, keepdims=True)
+
+
 def _stable_max(x, axis):
-    """The max subtracted before exp (real part: complex steps keep it fixed); 0 for rows of ±inf."""
-    m = np.max(np.real(x), axis=axis, keepdims=True)
+    """`_row_max`, 0 for rows whose max is ±inf: logsumexp's, so that a row of -inf gives -inf and
+    a row holding +inf gives +inf."""
+    m = _row_max(x, axis)
     return np.where(np.isfinite(m), m, 0.0)
 
 
@@ -203,7 +211,7 @@ def _softmax_kernel(attrs, in_types, out_type):
     axis = attrs["axis"] % in_types[0].rank - in_types[0].rank
 
     def softmax(x):
-        e = np.exp(x - _stable_max(x, axis))
+        e = np.exp(x - _row_max(x, axis))
         return e / np.sum(e, axis=axis, keepdims=True)
 
     return softmax
@@ -230,7 +238,7 @@ def _log_softmax_kernel(attrs, in_types, out_type):
     axis = attrs["axis"] % in_types[0].rank - in_types[0].rank
 
     def log_softmax(x):
-        shifted = x - _stable_max(x, axis)
+        shifted = x - _row_max(x, axis)
         return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
     return log_softmax
