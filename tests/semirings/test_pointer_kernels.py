@@ -249,12 +249,24 @@ def test_operands_that_may_make_nan_take_the_one_pass_form(order, mul, zero, car
     check_kbest(order, mul, zero, *BLOCKINGS["blocks of several k"], carriers, np.nan, "one pass")
 
 
+# CHUNK_WORK: every row in one kernel call; 7 rows a call (the last call short); one row a call
+CHUNKINGS = {"one call": None, "chunks of 7 rows": 7, "chunks of 1 row": 1}
+
+
+def chunked(monkeypatch, rows_per_call, work_per_row):
+    if rows_per_call is not None:
+        monkeypatch.setattr(pointer_kernels, "CHUNK_WORK", rows_per_call * work_per_row)
+
+
 @pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("chunking", CHUNKINGS)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 @pytest.mark.parametrize("k,candidates", [(1, 1), (3, 3), (3, 7), (10, 20), (10, 100)])
-def test_the_k_best_candidates_are_lexsorts_first_k(k, candidates, sign):
+def test_the_k_best_candidates_are_lexsorts_first_k(k, candidates, sign, chunking, monkeypatch):
     """top_candidates against np.lexsort((p, -sign · v)) (stable, NaN last): values with many
-    ties, ±0, ±inf and NaN, pointers with ties too, candidates sorted or not."""
+    ties, ±0, ±inf and NaN, pointers with ties too, candidates sorted or not; the rows in one
+    kernel call or several (the deadline checked between them)."""
+    chunked(monkeypatch, CHUNKINGS[chunking], candidates * k)
     rng = np.random.default_rng(6)
     rows = 400
     v = rng.choice([0.0, -0.0, 1.0, 2.0, 3.0, np.inf, -np.inf, np.nan], size=(rows, candidates),
@@ -269,22 +281,30 @@ def test_the_k_best_candidates_are_lexsorts_first_k(k, candidates, sign):
 
 
 @pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("chunking", CHUNKINGS)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 @pytest.mark.parametrize("k", [1, 3, 10])
-def test_a_k_best_sum_of_two_values_is_lexsorts_first_k_of_both(k, sign):
+def test_a_k_best_sum_of_two_values_is_lexsorts_first_k_of_both(k, sign, chunking, monkeypatch):
     """top_of_two(a, b) (a k-best ⊕, each value's k ranks as they are) against np.lexsort of a's
-    candidates then b's: ties between the values, ±0, ±inf and NaN, strided operands."""
+    candidates then b's: ties between the values, ±0, ±inf and NaN, strided operands. A third of
+    the rows hold ranks in the selection's order (as k-best values do: merged), a third in
+    value order only (ties of value unordered by pointer, NaN first when larger is better:
+    inserted), and in a third only one operand's are in order."""
+    chunked(monkeypatch, CHUNKINGS[chunking], 2 * k * k)
     rng = np.random.default_rng(7)
     rows = 300
 
-    def value():
+    def value(ordered):
         v = rng.choice([0.0, -0.0, 1.0, 2.0, np.inf, -np.inf, np.nan], size=(rows, k), p=[.2, .1, .3, .2, .07, .07, .06])
         v = np.sort(v, axis=-1)[:, ::-1] if sign > 0 else np.sort(v, axis=-1)
         p = rng.integers(-1, 4, size=(rows, k)).astype(float)
+        order = np.lexsort((p, -sign * v), axis=-1)
+        v[ordered], p[ordered] = np.take_along_axis(v, order, -1)[ordered], np.take_along_axis(p, order, -1)[ordered]
         q = rng.normal(size=(rows, 2 * k))[:, ::2]  # strided
         return v, p, q
 
-    a, b = value(), value()
+    third = np.arange(rows) % 3
+    a, b = value(third != 1), value(third == 0)
     got = pointer_kernels.top_of_two(a, b, sign)
     v, p, q = (np.concatenate([x, y], -1) for x, y in zip(a, b))
     order = np.lexsort((p, -sign * v), axis=-1)[:, :k]

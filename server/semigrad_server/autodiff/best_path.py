@@ -149,7 +149,7 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, count: int) 
             continue
         size = cg.types[x].size
         b, e = np.divmod(np.arange(items * size, dtype=np.int64), size)
-        value = walker.read(results[OutputKey.gradient(x)], x, b, e)
+        value = walker.read_all(results[OutputKey.gradient(x)], x)
         parts = []
         for j in range(3):  # values, pointers, partials: (elements · k) each, rank last
             check("tracing best paths")
@@ -256,6 +256,11 @@ class _Walker:
         shape, batch = self.cg.types[ref].shape, self.batch.shape
         where = (np.unravel_index(b, batch) if batch else ()) + (np.unravel_index(e, shape) if shape else ())
         return tuple(np.broadcast_to(np.broadcast_to(c, batch + shape)[where], np.shape(b)) for c in value)
+
+    def read_all(self, value, ref: str) -> tuple:
+        """Every component of node `ref`'s adjoint, flat (batch items, then elements)."""
+        full = self.batch.shape + self.cg.types[ref].shape
+        return tuple(np.broadcast_to(c, full).reshape(-1) for c in value)
 
     def follow(self, table: _Table, here: np.ndarray, b: np.ndarray, ptr: np.ndarray, partial: np.ndarray) -> None:
         """Every step of the paths at positions `here` of `table` (started at their input
