@@ -87,6 +87,29 @@ def test_the_amplifying_request_is_refused_before_it_allocates_and_a_fitting_one
                                                        f"{limits.max_request_bytes / MIB:.0f} MiB"
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_a_semiring_plan_allocates_nothing_of_a_requests_size_before_its_check():
+    """A wide layer norm's semiring adjoint built its row length squared (δ_ij) when its plan
+    was compiled, before the plan's bound could refuse the request: the first top_paths = 64
+    call over 20,000-wide rows took 3.2 GB and 6 s, then was refused. At 12,000 wide the δ is
+    1.15 GB; the refused call now grows the worker by far less."""
+    wide = 12_000
+    layer_norm = graph([inp("x", [8, wide])], [node("n", "layer_norm", "x"), node("s", "sum", "n")], [("y", "s")])
+    with serving("--store", "memory") as (address, process):
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.GraphServiceStub(channel)
+            gid = stub.RegisterGraph(pb.RegisterGraphRequest(graph=layer_norm), timeout=30).graph_id
+            request = pb.GradientRequest(graph_id=gid, inputs={"x": codec.to_tensor(np.ones((8, wide)))},
+                                         semiring="max_product", top_paths=64)
+            before = peak_rss(process.pid)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Gradient(request, timeout=60)  # the first: its plan is compiled by it
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+            assert "top_paths = 64" in info.value.details()
+            refused_growth = peak_rss(process.pid) - before
+            assert refused_growth < 256 * MIB, f"a refused request grew the worker by {refused_growth / MIB:.0f} MiB"
+
+
 def registered(engine: Engine) -> str:
     return engine.register(convert.graph_from_proto(SUMMED))[0].id
 
