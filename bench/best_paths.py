@@ -26,7 +26,7 @@ costs at most 1× the values' time on top of them (all ≤ 2 × values), top-10 
 Run from the repo root (engine in process; max_path_steps raised to fit every path):
     .venv/bin/python bench/best_paths.py [--tokens 32] [--d 768] [--heads 12] [--ff 3072] [--repeat 2] [--no-top]
     .venv/bin/python bench/best_paths.py --layers 12 --tokens 128 --repeat 1 --no-top   # BERT-base: minutes, ~8 GB
-    .venv/bin/python bench/best_paths.py --layers 12 --tokens 128 --repeat 1 --budget-gb 100   # with top-10
+    .venv/bin/python bench/best_paths.py --layers 12 --tokens 128 --repeat 1 --budget-gb 32   # with top-10
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-top", action="store_true", help="skip top_paths=10 (the slowest part)")
     ap.add_argument("--budget-gb", type=float, default=16,
                     help="the engine's max_request_bytes and max_memory_bytes (GB): its estimate for top-10 "
-                         "counts 30 arrays per value, ~6x what the request holds (BERT-base needs ~100)")
+                         "counts 30 arrays per value, ~1.3-2.5x what the request holds (BERT-base needs 28)")
     args, _ = ap.parse_known_args(argv)
 
     import torch

@@ -59,14 +59,18 @@ def compile_gradient(cg: CompiledGraph, s, key: GradientPlanKey, backend: str,
     outputs += [(OutputKey.adjoint(ref), bg.adjoints[ref]) for ref in key.retain if ref in bg.adjoints]
     if key.return_outputs:
         outputs += [(OutputKey.output(n), ref) for n, ref in bg.outputs.items()]
-    if key.pointers:
-        outputs += [(OutputKey.adjoint(ref), adj) for ref, adj in bg.adjoints.items()]
+    scratch = frozenset()
+    if key.pointers:  # every adjoint, for the walker: not returned (unless asked for otherwise)
+        returned = {name for name, _ in outputs}
+        followed = [(OutputKey.adjoint(ref), adj) for ref, adj in bg.adjoints.items()]
+        scratch = frozenset(name for name, _ in followed if name not in returned)
+        outputs += followed
     plan = compile_executable(
         bg.graph, bg.graph.nodes, bg.types, list(dict.fromkeys(outputs)), registry=registry,
         attrs=bg.context.builder.attrs,
         map_components=bg.context.structural_on_values() if s.components > 1 else frozenset(),
         semiring_values=frozenset(bg.context.valued),
-        semiring=None if s.name == "real" else s, backend="tensor" if key.pointers else backend)
+        semiring=None if s.name == "real" else s, backend="tensor" if key.pointers else backend, scratch=scratch)
     return CompiledGradient(plan, bg)
 
 

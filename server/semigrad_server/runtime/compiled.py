@@ -164,10 +164,11 @@ def _stack(vals: list, batch: tuple, shape: tuple, single: bool) -> np.ndarray:
 def compile_executable(graph: Graph, nodes: Sequence[Node], types: Mapping[str, Type],
                        outputs: Sequence[tuple[Hashable, str]], *, registry: Registry, attrs: Mapping[str, dict],
                        map_components: frozenset = frozenset(), semiring_values: frozenset = frozenset(),
-                       semiring=None, backend: str = "auto"):
+                       semiring=None, backend: str = "auto", scratch: frozenset = frozenset()):
     """The scalar program when the graph has one (and `backend` allows), else the tensor plan.
     `semiring_values`: the nodes holding semiring values (a tuple carrier returns them as tuples);
-    `map_components`: those of them computed by structural ops, which map over the components."""
+    `map_components`: those of them computed by structural ops, which map over the components;
+    `scratch`: outputs read by the server alone, never returned (Plan)."""
     if backend != "tensor":
         try:
             program = scalarize(graph, nodes, types, outputs, registry, attrs, semiring, semiring_values,
@@ -181,4 +182,4 @@ def compile_executable(graph: Graph, nodes: Sequence[Node], types: Mapping[str, 
                 raise FailedPrecondition(f"the {backend} backend cannot run this graph: {e}") from None
     widths = {ref: semiring.components for ref in semiring_values} if semiring is not None else {}
     return Plan(graph, nodes, types, outputs, registry=registry, attrs=attrs, map_components=map_components,
-                widths=widths)
+                widths=widths, scratch=scratch)

@@ -48,11 +48,13 @@ class Plan:
     def __init__(self, graph: Graph, order: Sequence[Node], types: Mapping[str, Type],
                  outputs: Sequence[tuple[Hashable, str]], registry: Registry = REGISTRY,
                  attrs: Mapping[str, dict] | None = None, map_components: frozenset = frozenset(),
-                 widths: Mapping[str, int] | None = None):
+                 widths: Mapping[str, int] | None = None, scratch: frozenset = frozenset()):
         """`map_components`: nodes whose first operand is a tuple of arrays; their kernel
         is applied to each component (structural ops on tuple-valued semiring values).
         `widths`: arrays per value of the nodes holding a semiring's tuple carrier (3k for
-        k-best paths); the elements, operations and bytes a run is checked against count them."""
+        k-best paths); the elements, operations and bytes a run is checked against count them.
+        `scratch`: outputs the server reads and never returns (every adjoint best paths follow):
+        held to the end like any output, but no response copies them."""
         needed = {ref for _, ref in outputs}
         live_order = []
         for node in reversed(order):
@@ -77,6 +79,7 @@ class Plan:
         self._slot_refs = dict(slots)
         self.output_slots = [(name, slots[ref]) for name, ref in outputs]
         self.output_slot_set = frozenset(slot for _, slot in self.output_slots)
+        self._returned_slots = frozenset(slot for name, slot in self.output_slots if name not in scratch)
         self.n_slots = len(slots)
         self.types = {ref: types[ref] for ref in slots}
         width = self._width = {ref: w for ref, w in (widths or {}).items() if w != 1 and ref in slots}
@@ -237,7 +240,7 @@ class Plan:
                     held[not per_item[slot]] -= size[slot]
         # results come back with the batch's axes (a constant or shared one spread over every
         # item) and are copied twice more into the response (their bytes, the message)
-        results = {slot for _, slot in self.output_slots}
+        results = self._returned_slots
         spread = sum(size[slot] for slot in results & folded) + 2 * sum(size[slot] for slot in results)
         b = np.array([line[0] for line in lines], dtype=np.int64) + spread
         c = np.array([line[1] for line in lines], dtype=np.int64)
