@@ -20,10 +20,11 @@ from semigrad import codec
 from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 from semigrad_server import errors
+from semigrad_server.autodiff.best_path import PATH_STEP_BYTES
 from semigrad_server.engine import Engine
 from semigrad_server.limits import Limits
 from semigrad_server.runtime import Plan
-from semigrad_server.service import convert
+from semigrad_server.service import build_server, convert
 from test_serve import serving
 from test_status_contract import graph, inp, node
 
@@ -143,6 +144,44 @@ def test_an_output_only_the_server_reads_is_held_but_not_charged_response_copies
     assert node == same_node == "b"
     assert held_returned - held_read == 2 * 1000 * 800  # b's two copies: 100 float64 an item
     assert held_read >= 1000 * (8 + 800)  # b itself and a, still held
+
+
+@pytest.mark.parametrize("kind", ["plain", "best paths", "top paths"])
+def test_a_request_holds_its_reservation_until_its_response_is_built(kind, monkeypatch):
+    """A request's estimate counts what it holds after its plan's run: its results, the
+    response's copies of them, and (best paths) every adjoint while its paths are traced. The
+    reservation was given back when the run ended, before any of those, so requests in flight
+    could hold more than max_memory_bytes together. The paths' steps are reserved beside the
+    plan's estimate. Seen from a real server's response building."""
+    engine = Engine(Limits())
+    reserved_then = []
+    build = convert.gradient_response
+
+    def building(result, writer):
+        steps = len(result.best_paths.step_node) if result.best_paths else 0
+        reserved_then.append(engine.memory.reserved - steps * PATH_STEP_BYTES)  # the plan's, beside the paths'
+        return build(result, writer)
+
+    monkeypatch.setattr(convert, "gradient_response", building)
+    grpc_server, port, _ = build_server("127.0.0.1:0", limits=Limits(), engine=engine)
+    grpc_server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GraphServiceStub(channel)
+            gid = stub.RegisterGraph(pb.RegisterGraphRequest(graph=SUMMED), timeout=30).graph_id
+            request = pb.GradientRequest(graph_id=gid, inputs={name: codec.to_tensor(a) for name, a in items(50).items()})
+            if kind != "plain":
+                request.semiring = "max_product"
+                if kind == "best paths":
+                    request.best_path_all = True
+                else:
+                    request.top_paths = 3
+            for _ in range(3):  # the plain request's later calls take the short path
+                stub.Gradient(request, timeout=30)
+    finally:
+        grpc_server.stop(0).wait()
+    assert len(reserved_then) == 3 and all(r > 0 for r in reserved_then), reserved_then  # (given back: 0)
+    assert engine.memory.reserved == 0
 
 
 def test_max_memory_bytes_bounds_the_requests_in_flight_together():

@@ -48,9 +48,14 @@ def longest_steps(cg, wrt: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def check_path_steps(cg, wrt: Sequence[str], requests, batch_size: int, max_steps: int) -> None:
+PATH_STEP_BYTES = 128  # a traced step at the peak of tracing (~76: the walker's gathers, the table's chunks
+#                       and columns) and in the response's two copies of its columns (2 × 24)
+
+
+def check_path_steps(cg, wrt: Sequence[str], requests, batch_size: int, max_steps: int) -> int:
     """RESOURCE_EXHAUSTED, before any work, unless the paths asked for can have at most
-    `max_steps` steps in all (each path: 1 + the longest chain from its input to an output)."""
+    `max_steps` steps in all (each path: 1 + the longest chain from its input to an output);
+    else that bound."""
     longest = longest_steps(cg, wrt)
     if requests == ALL:
         per_input = {x: batch_size * cg.types[x].size for x in wrt}
@@ -63,6 +68,7 @@ def check_path_steps(cg, wrt: Sequence[str], requests, batch_size: int, max_step
         what = ", ".join(f"{quoted(x)} {n} paths of up to {longest.get(x, 1)} steps" for x, n in per_input.items())
         raise ResourceExhausted(f"the best paths asked for could return up to {steps} path steps ({what}); the limit "
                                 f"is max_path_steps = {max_steps}: ask for fewer paths or a smaller batch")
+    return steps
 
 
 def start_elements(cg, wrt: Sequence[str], batch_shape: tuple[int, ...], requests) -> list[

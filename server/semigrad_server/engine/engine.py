@@ -14,8 +14,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import ir, telemetry, tenancy
-from ..autodiff.best_path import (MAX_TOP_PATHS, check_path_steps, longest_steps, start_elements, trace_best_paths,
-                                  trace_top_paths)
+from ..autodiff.best_path import (MAX_TOP_PATHS, PATH_STEP_BYTES, check_path_steps, longest_steps, start_elements,
+                                  trace_best_paths, trace_top_paths)
 from ..deadline import interruptibly
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, quoted
 from ..hooks import run as hooks_run
@@ -214,12 +214,13 @@ class Engine:
         if spec.best_paths and not s.selective:
             raise FailedPrecondition(f"best paths need a selective semiring (max/min-like); '{s.name}' is not")
         batch = cg.batch(spec.inputs)
-        plan_semiring = s
+        plan_semiring, path_steps = s, 0
         if spec.top_paths:
             plan_semiring = self._top_paths_semiring(s, spec)
             longest = max(longest_steps(cg, wrt).values(), default=1)
-            if spec.top_paths * longest > self.limits.max_path_steps:
-                raise ResourceExhausted(f"top_paths = {spec.top_paths} could return up to {spec.top_paths * longest} "
+            path_steps = spec.top_paths * longest
+            if path_steps > self.limits.max_path_steps:
+                raise ResourceExhausted(f"top_paths = {spec.top_paths} could return up to {path_steps} "
                                         f"path steps ({longest} a path); the limit is max_path_steps = "
                                         f"{self.limits.max_path_steps}: ask for fewer paths")
         elif spec.best_paths:
@@ -227,8 +228,8 @@ class Engine:
                 plan_semiring = PointerSemiring(s)
             except ValueError as e:
                 raise FailedPrecondition(str(e)) from None
-            check_path_steps(cg, wrt, spec.best_paths, int(np.prod(batch.shape, dtype=np.int64)),
-                             self.limits.max_path_steps)
+            path_steps = check_path_steps(cg, wrt, spec.best_paths, int(np.prod(batch.shape, dtype=np.int64)),
+                                          self.limits.max_path_steps)
         seeded = tuple(sorted(seeds))
         shape = batch.shape
         for name in seeded:
@@ -255,39 +256,45 @@ class Engine:
             cg.remembered.remember(memo, checked)
             return self.plain_gradient(checked, batch.arrays, deadline, backend)
         run = hook_run or HookRun()
-        # Best paths read every adjoint and value: scratch, not results for a caller's region.
-        with results_in(None) if spec.best_paths or spec.top_paths else contextlib.nullcontext():
-            try:
-                if slots:
-                    token = hooks_run.CURRENT.set(run)
-                    try:
+        # the paths' steps are memory too: reserved beside the plan's estimate, until they are returned
+        owed = self.memory.hold(path_steps * PATH_STEP_BYTES) if path_steps else 0
+        try:
+            # Best paths read every adjoint and value: scratch, not results for a caller's region.
+            with results_in(None) if spec.best_paths or spec.top_paths else contextlib.nullcontext():
+                try:
+                    if slots:
+                        token = hooks_run.CURRENT.set(run)
+                        try:
+                            results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
+                        finally:
+                            hooks_run.CURRENT.reset(token)
+                    else:
                         results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
-                    finally:
-                        hooks_run.CURRENT.reset(token)
+                except ResourceExhausted as e:
+                    if plan_semiring.components == 1:
+                        raise
+                    what = (f"top_paths = {spec.top_paths}" if spec.top_paths else
+                            "best paths" if spec.best_paths else f"semiring {quoted(plan_semiring.name)}")
+                    raise ResourceExhausted(f"{e} ({what}: {plan_semiring.components} arrays per value, each "
+                                            "counted)", e.max_items) from None
+            paths = []
+            if spec.best_paths or spec.top_paths:
+                paths = (interruptibly("tracing best paths", trace_top_paths, cg, compiled.backward, plan_semiring, results,
+                                       batch, spec.top_paths)
+                         if spec.top_paths else
+                         interruptibly("tracing best paths", trace_best_paths, cg, compiled.backward, plan_semiring, results,
+                                       batch, starts))
+                if s.name == "kbest":  # its own gradient: its k best values, the carrier's first k ranks
+                    results = {key: (v[0] if s.k == 1 else tuple(v[:s.k])) if isinstance(v, tuple) else v
+                               for key, v in results.items()}
                 else:
-                    results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
-            except ResourceExhausted as e:
-                if plan_semiring.components == 1:
-                    raise
-                what = (f"top_paths = {spec.top_paths}" if spec.top_paths else
-                        "best paths" if spec.best_paths else f"semiring {quoted(plan_semiring.name)}")
-                raise ResourceExhausted(f"{e} ({what}: {plan_semiring.components} arrays per value, each "
-                                        "counted)", e.max_items) from None
-        paths = []
-        if spec.best_paths or spec.top_paths:
-            paths = (interruptibly("tracing best paths", trace_top_paths, cg, compiled.backward, plan_semiring, results,
-                                   batch, spec.top_paths)
-                     if spec.top_paths else
-                     interruptibly("tracing best paths", trace_best_paths, cg, compiled.backward, plan_semiring, results,
-                                   batch, starts))
-            if s.name == "kbest":  # its own gradient: its k best values, the carrier's first k ranks
-                results = {key: (v[0] if s.k == 1 else tuple(v[:s.k])) if isinstance(v, tuple) else v
-                           for key, v in results.items()}
-            else:
-                results = {key: plan_semiring.value_of(v) if isinstance(v, tuple) else v for key, v in results.items()}
-        result = gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
-        result.best_paths = paths
-        return result
+                    results = {key: plan_semiring.value_of(v) if isinstance(v, tuple) else v for key, v in results.items()}
+            result = gradient_result(cg, s, spec, compiled.backward, results, batch, wrt, names, slots, run.records)
+            result.best_paths = paths
+            return result
+        finally:
+            if owed:
+                self.memory.release(owed)
 
     def _top_paths_semiring(self, s, spec: GradientSpec):
         """The k-best back-pointer semiring of a top_paths request over the request's semiring
@@ -311,12 +318,13 @@ class Engine:
         """The short path: a plain request whose signature passed every check before. Only its
         time bound is left to set."""
         bound = time.monotonic() + self.limits.max_request_seconds  # time_bound(), inline: no call
-        self.memory.reserve(checked.bytes)  # reserve/release, not a context manager: this is the short path
+        owed = self.memory.hold(checked.bytes)  # hold/release, not a context manager: this is the short path
         try:
             results = checked.compiled.plan.run(inputs, bound if deadline is None else min(deadline, bound), backend,
                                                 checked.shape)
         finally:
-            self.memory.release(checked.bytes)
+            if owed:
+                self.memory.release(owed)
         result = GradientResult()
         for slots, arrays in ((checked.gradients, result.gradients), (checked.outputs, result.outputs)):
             for name, key, t, shape, dtype in slots:

@@ -4,6 +4,7 @@ time bound."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import threading
 import time
@@ -100,6 +101,16 @@ class MemoryBudget:
         self.reserved = 0
         self._lock = threading.Lock()
 
+    def hold(self, needed: int) -> int:
+        """`reserve(needed)` until the current `held_until_answered` ends, when there is one:
+        then 0, else `needed`, which the caller gives back with `release` once its run is done."""
+        self.reserve(needed)
+        kept = _KEPT.get()
+        if kept is None:
+            return needed
+        kept.append((self, needed))
+        return 0
+
     def reserve(self, needed: int) -> None:
         """Take `needed` bytes of the budget (RESOURCE_EXHAUSTED when they are not left); give
         them back with `release`."""
@@ -117,11 +128,31 @@ class MemoryBudget:
 
     @contextlib.contextmanager
     def reserved_for(self, needed: int):
-        self.reserve(needed)
+        owed = self.hold(needed)
         try:
             yield
         finally:
-            self.release(needed)
+            if owed:
+                self.release(owed)
+
+
+_KEPT: contextvars.ContextVar[list | None] = contextvars.ContextVar("semigrad_kept_reservations", default=None)
+
+
+@contextlib.contextmanager
+def held_until_answered():
+    """Memory reserved within (MemoryBudget.hold) is given back when this ends, not when its
+    plan's run does: a request's estimate counts what it holds after the run too (its results
+    and the response's copies of them; every adjoint, while its best paths are traced), and a
+    request in flight released early let others take memory it still held."""
+    kept: list = []
+    token = _KEPT.set(kept)
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+        for budget, needed in kept:
+            budget.release(needed)
 
 
 def run_plan(plan, batch: Batch, deadline: float | None, backend: str, limits: Limits,

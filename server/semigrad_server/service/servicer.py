@@ -12,6 +12,7 @@ from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 
 from .. import deadline, errors
 from ..engine import Engine
+from ..engine.execution import held_until_answered
 from ..hooks.run import HookRun
 from ..inspect.describe import describe
 from ..inspect.draw import draw
@@ -136,7 +137,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
 
     @rpc
     def Evaluate(self, request, context):
-        with self.shared_memory.session(context.peer) as shared:
+        with self.shared_memory.session(context.peer) as shared, held_until_answered():
             spec = convert.evaluate_spec(request, shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
             outputs, nodes = self.engine.run_evaluate(spec, deadline.deadline())
@@ -150,7 +151,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         return self._gradient(request, context, deadline.deadline())
 
     def _gradient(self, request, context, until, hook_run=None):
-        with self.shared_memory.session(context.peer) as shared:
+        with self.shared_memory.session(context.peer) as shared, held_until_answered():
             inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
             spec = None if convert.is_plain_gradient(request) else convert.gradient_spec(request, shared, inputs)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
