@@ -11,7 +11,10 @@ and a flag the client's cancellation sets) and makes it current with `serving`. 
   (CPython's asynchronous exceptions, as for KeyboardInterrupt). A region may only build
   fresh objects: nothing shared may be half-updated when it is left that way; caches are
   filled after the region ends. Long calls into C (one NumPy kernel) cannot be interrupted;
-  their size is bounded before they start (limits.py).
+  their size is bounded before they start (limits.py);
+* compiled kernels that may run for seconds poll a flag instead (`stoppable`), which a
+  watcher thread sets at the deadline or the cancellation: they return early, unfinished, and
+  the call raises.
 
 `Interrupted` derives from BaseException so that `except Exception` in library code cannot
 swallow it; the region turns it into DeadlineExceeded or Cancelled naming the phase.
@@ -26,6 +29,8 @@ import itertools
 import threading
 import time
 from typing import Callable, Iterable, Iterator, TypeVar
+
+import numpy as np
 
 from .errors import Cancelled, DeadlineExceeded
 
@@ -108,6 +113,42 @@ def checking(items: Iterable[T], where: str, every: int = 1024) -> Iterator[T]:
         if k % every == 0:
             check(where)
         yield item
+
+
+STOP_POLL_SECONDS = 0.01  # how often a watcher looks at the bound of a `stoppable` call
+
+
+def stoppable(call: Callable[[np.ndarray], T], where: str, watched: bool = True) -> T:
+    """`call(stop)` for compiled code that polls `stop[0]` (an int8 array) and returns early once
+    it is set: set within STOP_POLL_SECONDS of the current request's deadline or cancellation
+    by a watcher thread (the code releases the GIL), then DeadlineExceeded or Cancelled naming
+    `where`. A numba kernel is beyond both the watchdog's asynchronous exception and a check
+    between calls: one k-best matmul ran 9 s past a deadline. Outside a request, or not
+    `watched` (a call too short to be worth a thread), never set."""
+    stop = np.zeros(1, np.int8)
+    bound = CURRENT.get()
+    if bound is None:
+        return call(stop)
+    bound.check(where)
+    if not watched:
+        return call(stop)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(STOP_POLL_SECONDS):
+            if bound.expired():
+                stop[0] = 1
+                return
+
+    watcher = threading.Thread(target=watch, name="semigrad-stop", daemon=True)
+    watcher.start()
+    try:
+        result = call(stop)
+    finally:
+        done.set()
+    if stop[0]:
+        raise bound.error(where)
+    return result
 
 
 def deadline() -> float | None:

@@ -493,14 +493,17 @@ def _offer(va, pa, qa, vb, pb, qb, t, i, tb, j, kk, zero, pointers, bound, cv, c
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_any(va, pa, qa, vb, pb, qb, zero, pointers, add, mul, ov, op, oq):
+def kbest_pointers_any(va, pa, qa, vb, pb, qb, zero, pointers, add, mul, ov, op, oq, stop):
     """The one-pass form of `_kbest_pointers` for any operands (NaN products are skipped): every
-    kk of every entry offered in order; ⊕ and ⊗ codes given at run time."""
+    kk of every entry offered in order; ⊕ and ⊗ codes given at run time. Stopped as
+    `_kbest_pointers` is, polled every row."""
     items, m, kc, ka = va.shape
     n = vb.shape[2]
     worst = -np.inf if add == ADD_MAX else np.inf
     for t in range(items):
         for i in range(m):
+            if stop[0]:
+                return
             for j in range(n):
                 cv, cp, cq = ov[t, i, j], op[t, i, j], oq[t, i, j]
                 for kk in range(kc):
@@ -531,7 +534,7 @@ def _kth_best_block(best, r, w, chosen, add, worst):
 
 
 @numba.njit(inline="always")
-def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, add, mul):
+def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, add, mul, stop):
     """The k best products with back-pointers (`pointer_kernels.kbest_pointer_matmul`), for
     operands whose products cannot be NaN: ov/op/oq[t, i, j, :] = the K best of
     va[t, i, kk, p] ⊗ vb[t, kk, j, q] over kk, p, q by value, then pointer max(pa, pb) (smaller
@@ -548,7 +551,9 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
        better than the K-th best value. Blocks strictly worse than the bound, or than the K-th
        value held so far, are skipped (an equal value may still enter with a smaller pointer).
     3. In the other blocks each kk whose head reaches the bound is offered (`_offer`), as the
-       one-pass form (`kbest_pointers_any`) offers every kk."""
+       one-pass form (`kbest_pointers_any`) offers every kk.
+    It returns early, its output unfinished, once stop[0] is set (polled every four rows of a
+    tile: `deadline.stoppable`)."""
     items, m, kc, ka = va.shape
     n, kb = vb.shape[2], vb.shape[3]
     K = ov.shape[3]
@@ -582,6 +587,8 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
                         if pointers & 2:
                             pt[0, kk, jj, rb] = pb[t, kk, j0 + jj, rb]
             for i0 in range(0, m, 4):
+                if stop[0]:
+                    return
                 rows = min(4, m - i0)
                 for r in range(4):
                     for kk in range(kc):
@@ -615,14 +622,15 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
 
 
 @numba.njit(inline="always")
-def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, add, mul):
+def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, add, mul, stop):
     """`_kbest_pointers` for operands of fewer than four rows of a (m < 4) and b a lifted partial
     (one rank, no pointers: vb, qb (items, kk, n)): a row-wise Jacobian's k-best adjoint (layer
     norm, softmax: one matmul a row, (1, n) by (n, n)) is thousands of them. The same three
     steps, over one row at a time, reading b where it is: the tiles `_kbest_pointers` copies are
     worth it when four rows of a read them, but a single row reads a tile once, and copying it
     cost 3× the rest (BERT width, n 768: 7.7 ms a row, 2.2 without). Each entry's candidate kk
-    are listed, without a branch a kk, before they are offered in order (`_offer`)."""
+    are listed, without a branch a kk, before they are offered in order (`_offer`). Stopped as
+    `_kbest_pointers` is, polled every row."""
     items, m, kc, ka = va.shape
     n = vb.shape[2]
     K = ov.shape[3]
@@ -638,6 +646,8 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
     for t in range(items):
         bt = vb[t]
         for i in range(m):
+            if stop[0]:
+                return
             heads_a = at[0]
             for kk in range(kc):
                 heads_a[kk] = va[t, i, kk, 0]
@@ -670,43 +680,43 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL)
+def kbest_pointers_max_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD)
+def kbest_pointers_max_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX)
+def kbest_pointers_max_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN)
+def kbest_pointers_max_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL)
+def kbest_pointers_min_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD)
+def kbest_pointers_min_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX)
+def kbest_pointers_min_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN)
+def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN, stop)
 
 
 @numba.njit(**_OPTIONS)
@@ -719,40 +729,40 @@ def neg_xlogx(p, r, tiny):
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_max_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL)
+def kbest_pointers_rows_max_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_max_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD)
+def kbest_pointers_rows_max_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_max_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX)
+def kbest_pointers_rows_max_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_max_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN)
+def kbest_pointers_rows_max_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_min_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL)
+def kbest_pointers_rows_min_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_min_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD)
+def kbest_pointers_rows_min_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_min_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX)
+def kbest_pointers_rows_min_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_min_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN)
+def kbest_pointers_rows_min_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN, stop)

@@ -17,7 +17,7 @@ import logging
 
 import numpy as np
 
-from ..deadline import check
+from ..deadline import check, stoppable
 from . import kernels as tropical_kernels
 
 log = logging.getLogger("semigrad.kernels")
@@ -27,6 +27,7 @@ _ADDS = {"max": 0, "min": 1}
 K_BLOCKS_PER_RANK = 4  # the block-bound kernel splits k into at least 4 blocks per best kept...
 K_BLOCK_LENGTH = 16  # ...and into blocks of at most 16 k
 ROWS_KERNEL_MAX_M = 4  # fewer rows of a, b a lifted partial: the by-rows kernel (no tile copies)
+WATCHED_PRODUCTS = 1 << 20  # a k-best matmul this large (~4 ms and more) polls a stop flag set at the deadline
 CHUNK_WORK = 1 << 25  # candidate comparisons per call of a k-best selection kernel (~15 ms), at most
 _compiled = None
 _failed = importlib.util.find_spec("numba") is None
@@ -241,6 +242,7 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
     lead = tuple(np.broadcast_shapes(np.shape(a[0])[:-2], np.shape(b[0])[:-2]))
     pointers, parts = 0, []
     for bit, x, tail in ((1, a, (m, kk)), (2, b, (kk, n))):
+        check("in a k-best matmul")  # (stacking a's ranks took 0.2 s at 2,400 x 64 x 64 ranks)
         ranks = _ranks(x, k, zero)  # a lifted partial has one rank: the others are 0̄
         values = _stacked(x[:ranks], lead, tail)
         if not all(tropical_kernels.everywhere(p, NONE) for p in x[k:k + ranks]):
@@ -251,6 +253,7 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
         parts.append((values, ptrs, _stacked(x[2 * k:2 * k + ranks], lead, tail)))
     (va, pa, qa), (vb, pb, qb) = parts
     shape = (len(va), m, n, k)
+    check("in a k-best matmul")
     ov, op, oq = np.full(shape, float(zero)), np.full(shape, NONE), np.zeros(shape)
     jit = tropical_kernels.jit_kernels()
     operands = [tropical_kernels.readonly(x) for x in (va, pa, qa, vb, pb, qb)]
@@ -258,16 +261,19 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
         blocks = min(kk, max(K_BLOCKS_PER_RANK * k, -(-kk // K_BLOCK_LENGTH)))
         if m < ROWS_KERNEL_MAX_M and vb.shape[-1] == 1 and not pointers & 2:
             tropical_kernels.count("kbest_pointer_matmul", "block bound, by rows")
-            getattr(jit, f"kbest_pointers_rows_{addition}_{multiplication}")(
-                *operands[:3], *(tropical_kernels.readonly(x[..., 0]) for x in (vb, qb)), float(zero), blocks,
-                pointers, ov, op, oq)
+            kernel = getattr(jit, f"kbest_pointers_rows_{addition}_{multiplication}")
+            operands = operands[:3] + [tropical_kernels.readonly(x[..., 0]) for x in (vb, qb)]
+            args = (float(zero), blocks, pointers, ov, op, oq)
         else:
             tropical_kernels.count("kbest_pointer_matmul", "block bound")
-            getattr(jit, f"kbest_pointers_{addition}_{multiplication}")(*operands, float(zero), blocks, pointers,
-                                                                         ov, op, oq)
+            kernel = getattr(jit, f"kbest_pointers_{addition}_{multiplication}")
+            args = (float(zero), blocks, pointers, ov, op, oq)
     else:
         tropical_kernels.count("kbest_pointer_matmul", "one pass")
-        jit.kbest_pointers_any(*operands, float(zero), pointers, _ADDS[addition], _MULS[multiplication], ov, op, oq)
+        kernel = jit.kbest_pointers_any
+        args = (float(zero), pointers, _ADDS[addition], _MULS[multiplication], ov, op, oq)
+    stoppable(lambda stop: kernel(*operands, *args, stop), "in a k-best matmul",
+              watched=len(va) * m * n * kk >= WATCHED_PRODUCTS)
     out = (ov, op, oq)
     return tuple(c[..., r].reshape(lead + (m, n)) for c in out for r in range(k))
 
