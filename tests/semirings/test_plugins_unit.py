@@ -332,10 +332,19 @@ def test_log_matmul_is_exact_where_exponentials_would_underflow(registry):
 # ---------------------------------------------------------------- kbest
 
 
+def kbest_blocks(monkeypatch, s, blocked: bool, held: int) -> None:
+    """The reference ⊕ and ⊗ over blocks of 7 elements (the last one short), or all at once."""
+    if blocked:
+        monkeypatch.setattr(kbest_module, "MATMUL_BLOCK_ELEMENTS", 7 * 3 * held)
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["at once", "blocks of 7"])
 @pytest.mark.parametrize("k", [1, 2, 3, 7, 64])
-def test_kbest_mul_keeps_the_k_largest_pairwise_products(registry, k):
-    """mul only looks at pairs with (i+1)(j+1) ≤ k; compare with all k² pairs (ties, zero pads)."""
+def test_kbest_mul_keeps_the_k_largest_pairwise_products(registry, k, blocked, monkeypatch):
+    """mul only looks at pairs with (i+1)(j+1) ≤ k; compare with all k² pairs (ties, zero pads).
+    The reference code (k > 16, or these 200 elements) also over blocks of elements."""
     s = semiring(registry, "kbest", k=k)
+    kbest_blocks(monkeypatch, s, blocked, len(s._i) + 2 * k)
     rng = np.random.default_rng(k)
     a, b = s.sample(rng, (200,)), s.sample(rng, (200,))
     ca, cb = np.stack(s.components_of(a)), np.stack(s.components_of(b))
@@ -345,6 +354,21 @@ def test_kbest_mul_keeps_the_k_largest_pairwise_products(registry, k):
     products = (ca[:, None] * cb[None, :]).reshape(k * k, -1)
     want = np.sort(products, axis=0)[::-1][:k]
     np.testing.assert_array_equal(np.stack(s.components_of(s.mul(a, b))), want)
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["at once", "blocks of 7"])
+@pytest.mark.parametrize("k", [2, 7, 64])
+def test_kbest_add_keeps_the_k_largest_of_both(registry, k, blocked, monkeypatch):
+    """⊕ against sorting both values' 2k entries, ties and zero pads among them, broadcast."""
+    s = semiring(registry, "kbest", k=k)
+    kbest_blocks(monkeypatch, s, blocked, 2 * k)
+    rng = np.random.default_rng(k)
+    a, b = s.sample(rng, (40, 5)), s.sample(rng, (1, 5))
+    ca, cb = np.stack(s.components_of(a)), np.stack(s.components_of(b))
+    ca[:, :10] = np.round(ca[:, :10])
+    ca = np.sort(ca, axis=0)[::-1]
+    want = np.sort(np.concatenate([ca, np.broadcast_to(cb, ca.shape)]), axis=0)[::-1][:k]
+    np.testing.assert_array_equal(np.stack(s.components_of(s.add(tuple(ca), b))), want)
 
 
 def test_kbest_configure_and_key(registry):

@@ -157,20 +157,45 @@ class KBestSemiring(Semiring):
     # Sort-based, and the only ones defined for NaN (ordered last by the sorts) and infinities
     # (inf · 0 = NaN). Kept as they were: the fast paths above must give the same values.
     def _add_reference(self, a, b):
-        return self._top(np.stack(np.broadcast_arrays(*self.components_of(a), *self.components_of(b))))
+        return self._top_by_blocks(np.broadcast_arrays(*self.components_of(a), *self.components_of(b)), np.stack,
+                                   2 * self.k)
 
     def _mul_reference(self, a, b):
-        comps = np.broadcast_arrays(*self.components_of(a), *self.components_of(b))
-        left, right = np.stack(comps[: self.k]), np.stack(comps[self.k:])
-        return self._top(left[self._i] * right[self._j])
+        k = self.k
 
-    def _top(self, candidates: np.ndarray):
-        """The k largest along axis 0 (which has ≥ k entries), descending, as a value."""
+        def products(comps):
+            return np.stack(comps[:k])[self._i] * np.stack(comps[k:])[self._j]
+
+        return self._top_by_blocks(np.broadcast_arrays(*self.components_of(a), *self.components_of(b)), products,
+                                   len(self._i) + 2 * k)
+
+    def _top_by_blocks(self, comps, candidates, held: int):
+        """The k largest of `candidates(comps)` (arrays of one shape in, (count, ...) out),
+        computed over blocks of elements so that no more than about MATMUL_BLOCK_ELEMENTS
+        values are held at once (`held`: values held per element, candidates and their copies
+        in `_best`): at k = 64 a ⊗ of every element at once held ~280 products an element,
+        past the memory the request was estimated (and admitted) at."""
+        shape, size = comps[0].shape, comps[0].size
+        step = max(1, MATMUL_BLOCK_ELEMENTS // (3 * held))
+        if size <= step:
+            return self._top(candidates(comps))
+        flat = [np.reshape(c, -1) for c in comps]
+        out = np.empty((self.k, size))
+        for start in range(0, size, step):
+            out[:, start:start + step] = self._best(candidates([c[start:start + step] for c in flat]))
+        return self._pack(tuple(out[r].reshape(shape) for r in range(self.k)))
+
+    def _best(self, candidates: np.ndarray) -> np.ndarray:
+        """The k largest along axis 0 (which has ≥ k entries), descending: (k, ...)."""
         k = self.k
         if candidates.shape[0] > k:
             candidates = -np.partition(-candidates, k - 1, axis=0)[:k]
-        best = np.sort(candidates, axis=0)[::-1]
-        return self._pack(tuple(best[i] for i in range(k)))
+        return np.sort(candidates, axis=0)[::-1]
+
+    def _top(self, candidates: np.ndarray):
+        """The k largest along axis 0 (which has ≥ k entries), descending, as a value."""
+        best = self._best(candidates)
+        return self._pack(tuple(best[i] for i in range(self.k)))
 
     def _sum_reference(self, a, axis, keepdims=False):
         comps = np.broadcast_arrays(*self.components_of(a))
