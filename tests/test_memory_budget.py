@@ -112,6 +112,38 @@ def test_a_semiring_plan_allocates_nothing_of_a_requests_size_before_its_check()
             assert refused_growth < 256 * MIB, f"a refused request grew the worker by {refused_growth / MIB:.0f} MiB"
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_a_k_best_request_admitted_under_its_budget_stays_in_it():
+    """kbest at k = 64 (past its selection networks: the sort-based ⊕ and ⊗) made each ⊗'s
+    ~280 candidate products an element at once: a request admitted under max_request_bytes
+    grew its worker by ~3x the budget. Now they are made a block of elements at a time."""
+    budget = 100_000_000
+    chain = graph([inp("x", [4_000])], [node("t", "tanh", "x"), node("m", "mul", "t", "x"), node("s", "sin", "m"),
+                                         node("y", "sum", "s")], [("y", "y")])
+    with serving("--store", "memory", "--max-request-bytes", str(budget), "--max-memory-bytes", str(2 * budget)) \
+            as (address, process):
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.GraphServiceStub(channel)
+            gid = stub.RegisterGraph(pb.RegisterGraphRequest(graph=chain), timeout=30).graph_id
+            params = {"k": codec.attr_value(64)}
+
+            def request(n):
+                return pb.GradientRequest(graph_id=gid, semiring="kbest", semiring_params=params,
+                                          inputs={"x": codec.to_tensor(np.random.default_rng().normal(size=(n, 4_000)))})
+
+            stub.Gradient(request(1), timeout=60)  # warm: compiled
+            before = peak_rss(process.pid)
+            with pytest.raises(grpc.RpcError) as info:  # the budget's items, found from the refusal's estimate
+                stub.Gradient(request(64), timeout=60)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+            per_item = int(re.search(r"would hold (\d+) bytes", info.value.details()).group(1)) / 64
+            items = int(0.95 * budget / per_item)
+            assert items >= 1
+            stub.Gradient(request(items), timeout=120)
+            growth = peak_rss(process.pid) - before
+            assert growth <= budget, f"grew {growth / MIB:.0f} MiB under a {budget / MIB:.0f} MiB budget"
+
+
 def registered(engine: Engine) -> str:
     return engine.register(convert.graph_from_proto(SUMMED))[0].id
 
