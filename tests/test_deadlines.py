@@ -243,6 +243,23 @@ def test_top_paths_stop_at_the_deadline_within_a_k_best_step(stub, rpc_log):
         seen += 1
 
 
+def test_a_wide_row_ops_semiring_adjoint_stops_at_the_deadline(stub, rpc_log):
+    """One 8,192-wide softmax row under max_product: its Jacobian (67 M elements) was built and
+    multiplied in a few uninterruptible passes, 0.4-2.3 s past a 0.3 s deadline. It now goes
+    by blocks of columns (ROW_BLOCK_ELEMENTS), checked between."""
+    width = 8192
+    gid = register(stub, graph([inp("x", [1, width])], [node("p", "softmax", "x", axis=-1), node("m", "mul", "p", "x"),
+                                                        node("s", "sum", "m")], [("y", "s")]))
+    request = pb.GradientRequest(graph_id=gid, inputs={"x": codec.to_tensor(np.random.default_rng().normal(size=(1, width)))},
+                                 semiring="max_product")
+    for seen in range(2):  # (the first call also loads the semiring's kernels)
+        assert call_with_deadline(stub.Gradient, request, 0.3) == grpc.StatusCode.DEADLINE_EXCEEDED
+        line = server_line(rpc_log, "Gradient", seen=seen)
+        if seen:
+            assert_stopped_in_time(line)
+            assert "at a softmax adjoint" in line
+
+
 def sin_cos_chain(length: int) -> pb.Graph:
     nodes, prev = [], "x"
     for i in range(length):

@@ -474,11 +474,13 @@ def _layer_norm_paths(x, eps):
     return p.max(1), entropy
 
 
-@pytest.mark.parametrize("block", [6 * 6 * 5, 6 * 6 * 2, 1], ids=["one-block", "three-blocks", "row-by-row"])
+@pytest.mark.parametrize("block", [6 * 6 * 5, 6 * 6 * 2, 6 * 6, 6 * 4, 6],
+                         ids=["one-block", "three-blocks", "row-by-row", "column-blocks", "column-by-column"])
 def test_fused_row_adjoints_give_the_same_path_sums_in_any_blocking(monkeypatch, rng, block):
     """ROW_BLOCK_ELEMENTS on both sides: all 5 rows in one block, blocks of 2 rows (the last
-    one short), one row at a time: the same max_product and entropy, equal to the dense
-    closed form."""
+    one short), one row at a time; and past one row's n² (rows wider than ~1,000 by default),
+    each row's columns in blocks of 4 (the last one short) or one at a time: the same
+    max_product and entropy, equal to the dense closed form."""
     import semigrad_server.ops.semiring_ops as semiring_ops
 
     monkeypatch.setattr(semiring_ops, "ROW_BLOCK_ELEMENTS", block)

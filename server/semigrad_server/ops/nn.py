@@ -119,27 +119,30 @@ def _fused_row_adjoint(ctx, kind, y, scale, g, axes, shape):
 class RowJacobian(NamedTuple):
     """How `sr_row_vjp` (ops/semiring_ops.py) builds a fused row op's local Jacobian.
 
-    values(y, scale, delta): J (b, n, n), J[:, i, j] = ∂out_i/∂x_j, from rows y (b, n), scale
-    (b, 1) and delta = `row_delta(n, dtype, 1/n if centred else 0)`, in y's dtype and in the order the real
-    rule rounds it. element(el, y, scale, j, i, n, dtype): the same entry J[i, j] as an element."""
+    values(y, scale, delta, cols): J (b, n, c), J[:, i, j] = ∂out_i/∂x_j for the c columns j of
+    `cols` (a slice), from rows y (b, n), scale (b, 1) and delta = `row_delta(n, dtype, 1/n if
+    centred else 0, cols)`, in y's dtype and in the order the real rule rounds it.
+    element(el, y, scale, j, i, n, dtype): the same entry J[i, j] as an element."""
 
     values: Callable
     element: Callable
     centred: bool = False  # delta is δ − 1/n (layer_norm), else δ
 
 
-def row_delta(n, dtype, shift=0.0):
-    """δ_ij − shift as an n×n array of `dtype` (1 − shift on the diagonal, −shift elsewhere)."""
-    return np.where(np.eye(n, dtype=bool), np.asarray(1.0 - shift, dtype), np.asarray(-shift, dtype))
+def row_delta(n, dtype, shift=0.0, cols=slice(None)):
+    """δ_ij − shift for i < n and the columns j of `cols`, an (n, c) array of `dtype` (1 − shift
+    where i = j, −shift elsewhere)."""
+    diagonal = np.arange(n)[:, None] == np.arange(n)[cols][None, :]
+    return np.where(diagonal, np.asarray(1.0 - shift, dtype), np.asarray(-shift, dtype))
 
 
 def _delta_element(el, j, i, n, dtype, shift=0.0):
     return el.number(float(np.asarray(1.0 - shift if i == j else -shift, dtype)))
 
 
-def _softmax_j(y, scale, delta):
+def _softmax_j(y, scale, delta, cols=slice(None)):
     """(δ_ij − y_j) · y_i for rows y (b, n)."""
-    out = np.subtract(delta, y[:, None, :])
+    out = np.subtract(delta, y[:, None, cols])
     return np.multiply(out, y[:, :, None], out=out)
 
 
@@ -147,19 +150,19 @@ def _softmax_element(el, y, scale, j, i, n, dtype):
     return el.apply("mul", (el.apply("sub", (_delta_element(el, j, i, n, dtype), y[j])), y[i]))
 
 
-def _log_softmax_j(p, scale, delta):
+def _log_softmax_j(p, scale, delta, cols=slice(None)):
     """δ_ij − softmax_j for rows of softmax p (b, n)."""
-    return np.subtract(delta, p[:, None, :])
+    return np.subtract(delta, p[:, None, cols])
 
 
 def _log_softmax_element(el, p, scale, j, i, n, dtype):
     return el.apply("sub", (_delta_element(el, j, i, n, dtype), p[j]))
 
 
-def _layer_norm_j(y, sigma, delta):
+def _layer_norm_j(y, sigma, delta, cols=slice(None)):
     """(δ_ij − 1/n − y_j · (y_i / n)) / σ for rows y (b, n) and σ (b, 1)."""
     n = y.shape[-1]
-    out = np.multiply(y[:, None, :], y[:, :, None] / np.asarray(float(n), y.dtype))
+    out = np.multiply(y[:, None, cols], y[:, :, None] / np.asarray(float(n), y.dtype))
     np.subtract(delta, out, out=out)
     return np.divide(out, sigma[:, :, None], out=out)
 

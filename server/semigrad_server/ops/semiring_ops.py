@@ -172,11 +172,16 @@ def _bind(base: Registry, s) -> Registry:
         jacobian = ROW_JACOBIANS[attrs["kind"]]
         n = out_type.shape[-1]
         step = max(1, ROW_BLOCK_ELEMENTS // max(1, n * n))
+        # a row wider than ROW_BLOCK_ELEMENTS allows (n² past it) goes by blocks of columns too
+        width = n if n * n <= ROW_BLOCK_ELEMENTS else max(1, ROW_BLOCK_ELEMENTS // n)
         shift, dtype = 1.0 / n if jacobian.centred and n else 0.0, in_types[0].dtype
+        joined = -1 if s.commutative else -2  # the axis of a part's columns (g as a row, or as a column)
 
         def row_vjp(y, scale, g):
-            """Rows in blocks of `step`: each block's lifted Jacobian (step, n, n) and its
-            adjoints, a semiring matmul; never every row's Jacobian at once. A commutative
+            """Rows in blocks of `step`, each block's columns in blocks of `width`: each block's
+            lifted Jacobian (step, n, width) and its adjoints, a semiring matmul; never more than
+            ~ROW_BLOCK_ELEMENTS of Jacobian at once (an 8,192-wide row's was 67 M elements, built
+            and multiplied in uninterruptible passes seconds past the deadline). A commutative
             semiring multiplies g as a row into J (the layout J is built in: no transposed copy
             for the kernels), any other φ(Jᵀ) into g as a column (the edge nearer the input
             on the left)."""
@@ -187,19 +192,28 @@ def _bind(base: Registry, s) -> Registry:
             total = rows_y.shape[0]
             if total == 0 or n == 0:
                 return s.zeros(lead + (n,))
-            # n × n: made per call, once the request's work is checked (made with the kernel, a
-            # 20,000-wide row's took 3.2 GB and 3 s before the plan's bound refused the request)
-            delta = row_delta(n, dtype, shift)
+            # made per call, once the request's work is checked (made with the kernel, a
+            # 20,000-wide row's n × n took 3.2 GB and 3 s before the plan's bound refused the request)
+            deltas = [(cols, row_delta(n, dtype, shift, cols)) for cols in
+                      (slice(c0, c0 + width) for c0 in range(0, n, width))] if width == n else None
             parts = []
             for r0 in range(0, total, step):
-                deadline.check(f"at a {attrs['kind']} adjoint (rows {r0}-{min(total, r0 + step)} of {total})")
                 block = slice(r0, r0 + step)
-                lifted = s.lift(jacobian.values(rows_y[block], rows_s[block], delta))
-                if s.commutative:
-                    part = s.matmul(m(lambda c: c[block, None, :], rows_g), lifted)
-                else:
-                    part = s.matmul(m(lambda c: np.swapaxes(c, -1, -2), lifted), m(lambda c: c[block, :, None], rows_g))
-                parts.append(s.components_of(part))
+                columns = []
+                for c0 in range(0, n, width):
+                    deadline.check(f"at a {attrs['kind']} adjoint (rows {r0}-{min(total, r0 + step)} of {total})")
+                    cols, delta = deltas[0] if deltas else (slice(c0, c0 + width), None)
+                    if delta is None:
+                        delta = row_delta(n, dtype, shift, cols)
+                    lifted = s.lift(jacobian.values(rows_y[block], rows_s[block], delta, cols))
+                    if s.commutative:
+                        part = s.matmul(m(lambda c: c[block, None, :], rows_g), lifted)
+                    else:
+                        part = s.matmul(m(lambda c: np.swapaxes(c, -1, -2), lifted),
+                                        m(lambda c: c[block, :, None], rows_g))
+                    columns.append(s.components_of(part))
+                parts.append([np.concatenate([p[c] for p in columns], axis=joined) if len(columns) > 1
+                              else columns[0][c] for c in range(s.components)])
             out = [np.concatenate([p[c] for p in parts]).reshape(lead + (n,)) for c in range(s.components)]
             return out[0] if s.components == 1 else tuple(out)
 
