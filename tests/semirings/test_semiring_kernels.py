@@ -382,6 +382,19 @@ def test_kbest_matmul_matches_brute_force(implementation, k, shapes, ties):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("held", [(1, 1), (1, 5), (3, 1), (4, 2), (5, 5)], ids=lambda h: f"a{h[0]}-b{h[1]}")
+def test_kbest_matmul_of_values_holding_fewer_ranks(implementation, held):
+    """Values whose last ranks are 0 everywhere (a lifted partial holds one: its k - 1 zeros
+    are not stacked for the kernel), on either side or both, as views of one 0 or arrays."""
+    k = 5
+    rng = np.random.default_rng(sum(held))
+    a, b = sorted_lists(rng, k, (3, 2, 6)), sorted_lists(rng, k, (6, 4))
+    a = a[:held[0]] + [np.broadcast_to(0.0, a[0].shape)] * (k - held[0])
+    b = b[:held[1]] + [np.zeros(b[0].shape)] * (k - held[1])
+    for x, y in zip(kernels.kbest_matmul(a, b), brute_kbest(a, b)):
+        np.testing.assert_array_equal(x, y)
+
+
 @pytest.mark.parametrize("k", [2, 3, 8])
 def test_kbest_matmul_many_candidates_in_one_block(implementation, k):
     """Skewed rows (all the large heads in one block of the contraction axis) and all-equal

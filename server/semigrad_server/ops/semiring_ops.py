@@ -171,9 +171,14 @@ def _bind(base: Registry, s) -> Registry:
     def row_vjp_kernel(attrs, in_types, out_type):
         jacobian = ROW_JACOBIANS[attrs["kind"]]
         n = out_type.shape[-1]
-        step = max(1, ROW_BLOCK_ELEMENTS // max(1, n * n))
-        # a row wider than ROW_BLOCK_ELEMENTS allows (n² past it) goes by blocks of columns too
-        width = n if n * n <= ROW_BLOCK_ELEMENTS else max(1, ROW_BLOCK_ELEMENTS // n)
+        # about ROW_BLOCK_ELEMENTS values of lifted Jacobian at once, whatever the carrier (kbest
+        # at k = 64 lifted each block into 64 arrays: a 16 KB request grew its worker by 1.1 GB),
+        # up to 4 times that for a product of many semirings: its per-block calls, one a
+        # member, made narrower blocks slow (14 semirings over a 2,048-wide row: 1.7 -> 12 s)
+        elements = max(1, ROW_BLOCK_ELEMENTS // min(4, s.lift_arrays or s.components))
+        step = max(1, elements // max(1, n * n))
+        # a row wider than the block allows (n² past it) goes by blocks of columns too
+        width = n if n * n <= elements else max(1, elements // n)
         shift, dtype = 1.0 / n if jacobian.centred and n else 0.0, in_types[0].dtype
         joined = -1 if s.commutative else -2  # the axis of a part's columns (g as a row, or as a column)
 

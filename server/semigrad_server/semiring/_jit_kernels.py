@@ -353,8 +353,8 @@ def winners_min_min(a, b, ia, ib, zero, value, first, blocks):
 @numba.njit(**_OPTIONS)
 def kbest(a, b0, bt, ia, ib, blocks, out):
     """out[:, t, i, j] = the k largest of a[p, ia[t], i, kk] · bt[q, ib[t], j, kk] over kk, p, q,
-    descending, 0-padded. a and bt hold k lists sorted descending in p (in q), non-negative;
-    b0 = bt[0] transposed: (items, kk, n).
+    descending, 0-padded. a and bt hold up to k lists sorted descending in p (in q), non-negative
+    (the ranks past them 0); b0 = bt[0] transposed: (items, kk, n).
 
     Per row i of the output:
     1. best[blk, j] = the largest head a_0 · b_0 in each of `blocks` blocks of kk (vectorised
@@ -368,7 +368,8 @@ def kbest(a, b0, bt, ia, ib, blocks, out):
        so only blocks whose best head exceeds the current k-th value are scanned, in them
        only kk whose head does, and within a kk a product ≤ it ends its row of q (and the
        loop over p when q = 0). A value equal to it is skipped: the values stay the same."""
-    k = a.shape[0]
+    k = out.shape[0]
+    ka, kq = a.shape[0], bt.shape[0]  # the ranks each holds (those past them are 0: not passed)
     kc = a.shape[3]
     items, m, n = out.shape[1], out.shape[2], out.shape[3]
     kb = (kc + blocks - 1) // blocks
@@ -415,10 +416,10 @@ def kbest(a, b0, bt, ia, ib, blocks, out):
                     for kk in range(blk * kb, min(kc, (blk + 1) * kb)):
                         if a0[kk] * bj[kk] <= last:
                             continue
-                        for p in range(k):
+                        for p in range(ka):
                             ap = a[p, ta, i, kk]
                             q = 0
-                            while q < k // (p + 1):
+                            while q < min(k // (p + 1), kq):
                                 v = ap * bt[q, tb, j, kk]
                                 if v <= last:
                                     break

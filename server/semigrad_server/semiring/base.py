@@ -45,6 +45,9 @@ class Semiring:
     idempotent: bool = False  # a ⊕ a = a
     selective: bool = False  # a ⊕ b is a or b (max/min-like): best paths exist
     components: int = 1  # carrier size: arrays per value
+    # arrays of its operand's size a `lift` allocates (the others views: a rank's 0̄, a pointer
+    # that is NONE); what blocks of lifted local Jacobians are sized by (sr_row_vjp)
+    lift_arrays: int | None = None  # None: `components`
     component_names: tuple[str, ...] = ("value",)
     primary: str = "value"  # which entry of read() is the gradient
     # Parameters a request may set (name -> description); see `configure`.

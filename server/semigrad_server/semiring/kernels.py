@@ -439,8 +439,10 @@ def kbest_matmul(a, b, backend: str | None = None) -> list[np.ndarray]:
     count("kbest_matmul", implementation)
     la, lb = a[0].shape[:-2], b[0].shape[:-2]
     ia, ib = item_indices(la, lb, lead)
-    a_rows = np.stack([x.reshape((-1, m, kc)) for x in a])  # (k, items_a, m, kc)
-    b_cols = np.stack([np.swapaxes(x.reshape((-1, kc, n)), -1, -2) for x in b])  # (k, items_b, n, kc)
+    if implementation == "numba":  # (the NumPy form takes every rank)
+        a, b = a[:_held_ranks(a)], b[:_held_ranks(b)]
+    a_rows = np.stack([x.reshape((-1, m, kc)) for x in a])  # (ranks, items_a, m, kc)
+    b_cols = np.stack([np.swapaxes(x.reshape((-1, kc, n)), -1, -2) for x in b])  # (ranks, items_b, n, kc)
     out = None
     if implementation == "numba":
         out = np.empty((k, items, m, n))
@@ -454,8 +456,20 @@ def kbest_matmul(a, b, backend: str | None = None) -> list[np.ndarray]:
             _disable_numba(e)
             out = None
     if out is None:
+        a_rows, b_cols = (x if len(x) == k else np.concatenate([x, np.zeros((k - len(x),) + x.shape[1:])])
+                          for x in (a_rows, b_cols))
         out = _kbest_numpy(a_rows, b_cols, ia, ib)
     return [c.reshape(lead + (m, n)) for c in out]
+
+
+def _held_ranks(seq) -> int:
+    """How many leading ranks of a sorted k-best sequence hold anything but 0 (at least one):
+    only those are stacked for the kernel. A lifted partial's k - 1 zeros, stacked, cost k times
+    its size (kbest at k = 64 over a row op's Jacobian blocks: 0.5 GB a block)."""
+    r = len(seq)
+    while r > 1 and not seq[r - 1].any():
+        r -= 1
+    return r
 
 
 def _kbest_constant(which, c, other, lead, m, n) -> list[np.ndarray]:

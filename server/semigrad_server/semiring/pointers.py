@@ -39,6 +39,7 @@ class PointerSemiring(Semiring):
     selective = True
     idempotent = True
     components = 3
+    lift_arrays = 1  # the base's lift of d (its pointer a view, its partial d itself)
     component_names = ("value", "ptr", "partial")
     primary = "value"
 
@@ -171,6 +172,7 @@ class KBestPointerSemiring(Semiring):
         self.name = base.name
         self.commutative = base.commutative
         self.components = 3 * self.k
+        self.lift_arrays = 1  # the base's lift of d: the other ranks and every pointer are views
         self.component_names = tuple(f"{part}{r}" for part in ("value", "ptr", "partial") for r in range(self.k))
         self.primary = "value"
         self.description = f"the {self.k} best paths of {base.name} with back-pointers"

@@ -39,6 +39,7 @@ class ProductSemiring(Semiring):
         self.idempotent = all(m.idempotent for m in members)
         self.selective = False
         self.components = sum(m.components for m in members)
+        self.lift_arrays = sum(m.lift_arrays or m.components for m in members)
         self.component_names = tuple(f"{m.name}.{c}" for m in members for c in m.component_names)
         self.primary = ""
         bounds, start = [], 0

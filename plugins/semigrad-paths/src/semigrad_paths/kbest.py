@@ -54,6 +54,7 @@ class KBestSemiring(Semiring):
     idempotent = False
     selective = False
     components = DEFAULT_K
+    lift_arrays = 1  # a lift's other ranks are views of one 0
     primary = "value"
     parameters = {"k": f"how many best path products to keep (int, 1..{MAX_K}, default {DEFAULT_K})"}
 
@@ -84,7 +85,8 @@ class KBestSemiring(Semiring):
 
     def lift(self, d):
         p = np.abs(np.asarray(d, dtype=np.float64))
-        return self._pack((p,) + tuple(np.zeros_like(p) for _ in range(self.k - 1)))
+        zero = np.broadcast_to(np.float64(0.0), p.shape)  # read-only: nothing writes into a lifted value
+        return self._pack((p,) + (zero,) * (self.k - 1))
 
     def add(self, a, b):
         shape = self._shape_of(a, b)
