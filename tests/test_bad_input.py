@@ -28,7 +28,7 @@ EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 F64, F32, I64, BOOL = pb.DTYPE_FLOAT64, pb.DTYPE_FLOAT32, pb.DTYPE_INT64, pb.DTYPE_BOOL
 
-SMALL = Limits(max_nodes=8, max_node_elements=1000, max_batch=16, max_request_elements=20_000)
+SMALL = Limits(max_nodes=8, max_node_elements=1000, max_batch=16, max_request_elements=20_000, max_path_steps=100)
 TIMEOUT = 10.0
 
 
@@ -292,6 +292,11 @@ CASES = [
                   [out("y", "culprit")]), INVALID, ("culprit",)),
     Case("batch-over-limit", probe_batch(17), EXHAUSTED, ("17",), "small"),
     Case("request-over-work-limit", wide_graph_gradient, EXHAUSTED, ("would compute", "16 batch items"), "small"),
+    # lists bounded by their length before any is read (3 M `wrt` names ran 3.2 s past a deadline)
+    Case("wrt-longer-than-any-graph", gradient(wrt=["x"] * 9), INVALID, ("'wrt'", "max_nodes = 8"), "small"),
+    Case("outputs-longer-than-any-graph", gradient(outputs=["y"] * 9), INVALID, ("'outputs'", "max_nodes = 8"), "small"),
+    Case("more-best-paths-than-steps", gradient(semiring="max_product", best_paths=[pb.ElementRef(input="x", index=[0])] * 101),
+         EXHAUSTED, ("101 best paths", "max_path_steps = 100"), "small"),
 ]
 
 

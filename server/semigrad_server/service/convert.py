@@ -10,7 +10,7 @@ from semigrad.paths import BestPaths
 from semigrad.v1 import semigrad_pb2 as pb
 
 from ..engine.specs import EvaluateSpec, GradientSpec, HookRequest
-from ..errors import InvalidArgument, quoted
+from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..ir import MAX_RANK, Graph, InputSpec, Node, OpDefinition, Type
 from ..ops.base import OpDef
 from .shared_memory import Session, Writer
@@ -170,6 +170,21 @@ def is_plain_gradient(request: pb.GradientRequest) -> bool:
 
 _PLAIN_GRADIENT_DESCRIPTORS = frozenset(field for field in pb.GradientRequest.DESCRIPTOR.fields
                                         if field.name in PLAIN_GRADIENT_FIELDS)
+
+
+def check_lists(request: pb.GradientRequest, limits) -> None:
+    """A request's lists, bounded by their length alone before any is read: a graph has at
+    most max_nodes nodes to name, and a best path at least one step (a 9 MB request of 3 M
+    `wrt` names ran 3.2 s past its deadline in the loops reading them; 3 M best-path starts
+    grew a worker by 789 MB before max_path_steps refused them)."""
+    for field in ("wrt", "outputs", "retain", "hooks", "semirings"):
+        count = len(getattr(request, field))
+        if count > limits.max_nodes:
+            raise InvalidArgument(f"'{field}' lists {count} entries; a graph has at most max_nodes = "
+                                         f"{limits.max_nodes} nodes to name")
+    if len(request.best_paths) > limits.max_path_steps:
+        raise ResourceExhausted(f"{len(request.best_paths)} best paths asked for, each at least one step; the "
+                                       f"limit is max_path_steps = {limits.max_path_steps}: ask for fewer paths")
 
 
 def gradient_spec(request: pb.GradientRequest, shared: Session | None = None,

@@ -151,6 +151,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         return self._gradient(request, context, deadline.deadline())
 
     def _gradient(self, request, context, until, hook_run=None):
+        convert.check_lists(request, self.engine.limits)
         with self.shared_memory.session(context.peer) as shared, held_until_answered():
             inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
             spec = None if convert.is_plain_gradient(request) else convert.gradient_spec(request, shared, inputs)
