@@ -180,3 +180,23 @@ def test_the_few_rows_k_best_kernel_stops_at_the_deadline():
 
 def allowed_overrun() -> float:
     return SLACK * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+@pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+def test_the_kbest_semirings_matmul_stops_at_the_deadline():
+    """The kbest semiring's own matmul kernel (kernels.kbest_matmul; at k = 64 over a 4,000 x 64
+    matmul it ran 1-4 s past a deadline) polls the same flag: 0.3 s into a call of ~1-2 s."""
+    k, m, kk, n = 16, 1500, 256, 256
+    rng = np.random.default_rng()
+
+    def ranks(shape):
+        return list(-np.sort(-rng.random((k,) + shape), axis=0))
+
+    kernels.kbest_matmul(ranks((8, 32)), ranks((32, 8)), backend="numba")  # compiled
+    a, b = ranks((m, kk)), ranks((kk, n))
+    bound = deadline.Bound(time.monotonic() + 0.3)
+    with deadline.serving(bound), pytest.raises(DeadlineExceeded, match="in a k-best matmul"):
+        kernels.kbest_matmul(a, b, backend="numba")
+    overrun = time.monotonic() - bound.deadline
+    assert overrun < allowed_overrun(), f"stopped {overrun:.3f} s late"
+    assert kernels.backend() == "numba"  # the stop is no failure of the kernel

@@ -351,7 +351,7 @@ def winners_min_min(a, b, ia, ib, zero, value, first, blocks):
 
 
 @numba.njit(**_OPTIONS)
-def kbest(a, b0, bt, ia, ib, blocks, out):
+def kbest(a, b0, bt, ia, ib, blocks, out, stop):
     """out[:, t, i, j] = the k largest of a[p, ia[t], i, kk] · bt[q, ib[t], j, kk] over kk, p, q,
     descending, 0-padded. a and bt hold up to k lists sorted descending in p (in q), non-negative
     (the ranks past them 0); b0 = bt[0] transposed: (items, kk, n).
@@ -367,7 +367,8 @@ def kbest(a, b0, bt, ia, ib, blocks, out):
        k-th best all equal it). A product a_p · b_q ≤ a_0 · b_0 and decreases with p and q,
        so only blocks whose best head exceeds the current k-th value are scanned, in them
        only kk whose head does, and within a kk a product ≤ it ends its row of q (and the
-       loop over p when q = 0). A value equal to it is skipped: the values stay the same."""
+       loop over p when q = 0). A value equal to it is skipped: the values stay the same.
+    Returns early, unfinished, once stop[0] is set (polled every row: `deadline.stoppable`)."""
     k = out.shape[0]
     ka, kq = a.shape[0], bt.shape[0]  # the ranks each holds (those past them are 0: not passed)
     kc = a.shape[3]
@@ -380,6 +381,8 @@ def kbest(a, b0, bt, ia, ib, blocks, out):
         ta = ia[t]
         tb = ib[t]
         for i in range(m):
+            if stop[0]:
+                return
             a0 = a[0, ta, i]
             for blk in range(blocks):  # 1.
                 row = best[blk]
