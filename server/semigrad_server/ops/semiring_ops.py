@@ -199,17 +199,15 @@ def _bind(base: Registry, s) -> Registry:
                 return s.zeros(lead + (n,))
             # made per call, once the request's work is checked (made with the kernel, a
             # 20,000-wide row's n × n took 3.2 GB and 3 s before the plan's bound refused the request)
-            deltas = [(cols, row_delta(n, dtype, shift, cols)) for cols in
-                      (slice(c0, c0 + width) for c0 in range(0, n, width))] if width == n else None
+            whole = row_delta(n, dtype, shift) if width == n else None  # else one per block of columns
             parts = []
             for r0 in range(0, total, step):
                 block = slice(r0, r0 + step)
                 columns = []
                 for c0 in range(0, n, width):
                     deadline.check(f"at a {attrs['kind']} adjoint (rows {r0}-{min(total, r0 + step)} of {total})")
-                    cols, delta = deltas[0] if deltas else (slice(c0, c0 + width), None)
-                    if delta is None:
-                        delta = row_delta(n, dtype, shift, cols)
+                    cols = slice(c0, c0 + width)
+                    delta = whole if whole is not None else row_delta(n, dtype, shift, cols)
                     lifted = s.lift(jacobian.values(rows_y[block], rows_s[block], delta, cols))
                     if s.commutative:
                         part = s.matmul(m(lambda c: c[block, None, :], rows_g), lifted)

@@ -48,7 +48,8 @@ BACKENDS = ("numba", "numpy")
 NUMBA_MIN_WORK = 1 << 14
 # Elements of the NumPy temporaries per block: small enough to stay in the L2 cache.
 CACHE_BLOCK_ELEMENTS = 1 << 16
-# A k-best matmul of this many products or more (~ms) polls a stop flag set at the deadline
+# A k-best matmul of this many products or more (~4 ms) polls a stop flag set at the deadline
+# (`deadline.stoppable`); a smaller one is not worth the watcher thread
 STOPPABLE_PRODUCTS = 1 << 20
 
 UFUNCS = {"max": np.maximum, "min": np.minimum, "mul": np.multiply, "add": np.add}
@@ -444,7 +445,7 @@ def kbest_matmul(a, b, backend: str | None = None) -> list[np.ndarray]:
     la, lb = a[0].shape[:-2], b[0].shape[:-2]
     ia, ib = item_indices(la, lb, lead)
     if implementation == "numba":  # (the NumPy form takes every rank)
-        a, b = a[:_held_ranks(a)], b[:_held_ranks(b)]
+        a, b = a[:held_ranks(a)], b[:held_ranks(b)]
     a_rows = np.stack([x.reshape((-1, m, kc)) for x in a])  # (ranks, items_a, m, kc)
     b_cols = np.stack([np.swapaxes(x.reshape((-1, kc, n)), -1, -2) for x in b])  # (ranks, items_b, n, kc)
     out = None
@@ -470,12 +471,12 @@ def kbest_matmul(a, b, backend: str | None = None) -> list[np.ndarray]:
     return [c.reshape(lead + (m, n)) for c in out]
 
 
-def _held_ranks(seq) -> int:
-    """How many leading ranks of a sorted k-best sequence hold anything but 0 (at least one):
-    only those are stacked for the kernel. A lifted partial's k - 1 zeros, stacked, cost k times
-    its size (kbest at k = 64 over a row op's Jacobian blocks: 0.5 GB a block)."""
-    r = len(seq)
-    while r > 1 and not seq[r - 1].any():
+def held_ranks(ranks, zero: float = 0.0) -> int:
+    """How many leading ranks of a k-best value (best first) can hold anything but `zero` (at
+    least one): only those are stacked for a kernel. A lifted partial's k - 1 zeros, stacked,
+    cost k times its size (kbest at k = 64 over a row op's Jacobian blocks: 0.5 GB a block)."""
+    r = len(ranks)
+    while r > 1 and everywhere(ranks[r - 1], zero):
         r -= 1
     return r
 

@@ -27,7 +27,6 @@ _ADDS = {"max": 0, "min": 1}
 K_BLOCKS_PER_RANK = 4  # the block-bound kernel splits k into at least 4 blocks per best kept...
 K_BLOCK_LENGTH = 16  # ...and into blocks of at most 16 k
 ROWS_KERNEL_MAX_M = 4  # fewer rows of a, b a lifted partial: the by-rows kernel (no tile copies)
-WATCHED_PRODUCTS = 1 << 20  # a k-best matmul this large (~4 ms and more) polls a stop flag set at the deadline
 CHUNK_WORK = 1 << 25  # candidate comparisons per call of a k-best selection kernel (~15 ms), at most
 _compiled = None
 _failed = importlib.util.find_spec("numba") is None
@@ -243,7 +242,7 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
     pointers, parts = 0, []
     for bit, x, tail in ((1, a, (m, kk)), (2, b, (kk, n))):
         check("in a k-best matmul")  # (stacking a's ranks took 0.2 s at 2,400 x 64 x 64 ranks)
-        ranks = _ranks(x, k, zero)  # a lifted partial has one rank: the others are 0̄
+        ranks = tropical_kernels.held_ranks(x[:k], zero)  # a lifted partial has one rank: the others are 0̄
         values = _stacked(x[:ranks], lead, tail)
         if not all(tropical_kernels.everywhere(p, NONE) for p in x[k:k + ranks]):
             pointers |= bit
@@ -273,7 +272,7 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
         kernel = jit.kbest_pointers_any
         args = (float(zero), pointers, _ADDS[addition], _MULS[multiplication], ov, op, oq)
     stoppable(lambda stop: kernel(*operands, *args, stop), "in a k-best matmul",
-              watched=len(va) * m * n * kk >= WATCHED_PRODUCTS)
+              watched=len(va) * m * n * kk >= tropical_kernels.STOPPABLE_PRODUCTS)
     out = (ov, op, oq)
     return tuple(c[..., r].reshape(lead + (m, n)) for c in out for r in range(k))
 
@@ -351,12 +350,3 @@ def _by_row_chunks(kernel, rows: list, params: tuple, out: list, work_per_row: i
         check("in a k-best step")
         part = slice(start, start + step)
         kernel(*(x[part] for x in rows), *params, *(x[part] for x in out))
-
-
-def _ranks(value, k: int, zero: float) -> int:
-    """How many leading ranks of a k-best value can hold anything but 0̄."""
-    r = k
-    while r > 1 and tropical_kernels.everywhere(value[r - 1], zero):
-        r -= 1
-    return r
-

@@ -181,10 +181,10 @@ def check_lists(request: pb.GradientRequest, limits) -> None:
         count = len(getattr(request, field))
         if count > limits.max_nodes:
             raise InvalidArgument(f"'{field}' lists {count} entries; a graph has at most max_nodes = "
-                                         f"{limits.max_nodes} nodes to name")
+                                  f"{limits.max_nodes} nodes to name")
     if len(request.best_paths) > limits.max_path_steps:
         raise ResourceExhausted(f"{len(request.best_paths)} best paths asked for, each at least one step; the "
-                                       f"limit is max_path_steps = {limits.max_path_steps}: ask for fewer paths")
+                                f"limit is max_path_steps = {limits.max_path_steps}: ask for fewer paths")
 
 
 def gradient_spec(request: pb.GradientRequest, shared: Session | None = None,
