@@ -165,11 +165,11 @@ def test_the_few_rows_k_best_kernel_stops_at_the_deadline():
     rows = kernels.jit_kernels().kbest_pointers_rows_max_mul
 
     def run(stop):
-        rows(va, pa, qa, vb, qb, 0.0, 40, 1, *out, stop)
+        rows(va, pa, qa, vb, qb, 0.0, 40, 1, *out, 0.0, stop)
 
     small = [np.ascontiguousarray(x) for x in (va[:1, :1, :32], pa[:1, :1, :32], qa[:1, :1, :32], vb[:1, :32, :32],
                                                 qb[:1, :32, :32], *(o[:1, :1, :32] for o in out))]
-    deadline.stoppable(lambda stop: rows(*small[:5], 0.0, 32, 1, *small[5:], stop), "compiling")
+    deadline.stoppable(lambda stop: rows(*small[:5], 0.0, 32, 1, *small[5:], 0.0, stop), "compiling")
     bound = deadline.Bound(time.monotonic() + 0.1)
     with deadline.serving(bound), pytest.raises(DeadlineExceeded, match="in the rows kernel"):
         deadline.stoppable(run, "in the rows kernel")

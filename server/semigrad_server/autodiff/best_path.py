@@ -23,6 +23,7 @@ from .. import ir
 from ..deadline import check
 from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..runtime.outputs import OutputKey
+from ..semiring import pruning
 from ..semiring.pointers import OUTPUT
 from .reverse import BackwardGraph
 
@@ -140,10 +141,12 @@ def trace_best_paths(cg, backward: BackwardGraph, s, results, batch, groups) -> 
     return table.paths()
 
 
-def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, count: int) -> BestPaths:
+def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, count: int, rho: float = 0.0,
+                    guess: pruning.Guess | None = None) -> BestPaths | None:
     """The `count` best paths of the whole graph, best first (`s`: the KBestPointerSemiring the
     plan ran under, with at least `count` ranks). Equal values: the earlier input (wrt order),
-    batch item, element, then rank."""
+    batch item, element, then rank. After a pass pruned at `rho`: None unless they verify
+    (semiring/pruning.py); `guess` learns from paths that do."""
     k = s.k
     walker = _Walker(cg, backward, results, batch, k)
     items = int(np.prod(batch.shape, dtype=np.int64))
@@ -172,11 +175,15 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, count: int) 
         found.append((v[kept], p[kept], q[kept], np.full(kept.shape, number), b[at], e[at], rank))
     components = s.base.read(np.zeros(0))
     if not found:
-        return _Table(walker, 0, components).paths()
+        return _Table(walker, 0, components).paths() if pruning.verified(np.zeros(0), count, rho) else None
     check("tracing best paths")
     v, p, q, number, b, e, rank = (np.concatenate(parts) for parts in zip(*found))
     order = np.lexsort((rank, e, b, number, -sign * v))[:count]
     v, p, q, number, b, e = (a[order] for a in (v, p, q, number, b, e))
+    if not pruning.verified(v, count, rho):
+        return None
+    if guess is not None:
+        guess.learn(v, count)
     table = _Table(walker, order.size, components)
     names = list(backward.gradients)
     positions = np.arange(order.size)

@@ -28,6 +28,7 @@ from ..runtime.allocation import results_in
 from ..runtime.compiled import compile_executable
 from ..runtime.outputs import OutputKey
 from ..semiring.loader import SemiringRegistry, default_registry
+from ..semiring import pruning
 from ..semiring.pointers import KBestPointerSemiring, PointerSemiring
 from ..store import GraphStore, LruCache, MemoryGraphStore, Quota
 from .execution import MemoryBudget, check_work, checked_backend, compile_kind, run_plan
@@ -259,31 +260,15 @@ class Engine:
         # the paths' steps are memory too: reserved beside the plan's estimate, until they are returned
         owed = self.memory.hold(path_steps * PATH_STEP_BYTES) if path_steps else 0
         try:
-            # Best paths read every adjoint and value: scratch, not results for a caller's region.
-            with results_in(None) if spec.best_paths or spec.top_paths else contextlib.nullcontext():
-                try:
-                    if slots:
-                        token = hooks_run.CURRENT.set(run)
-                        try:
-                            results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
-                        finally:
-                            hooks_run.CURRENT.reset(token)
-                    else:
-                        results = run_plan(compiled.plan, batch, deadline, backend, self.limits, self.memory)
-                except ResourceExhausted as e:
-                    if plan_semiring.components == 1:
-                        raise
-                    what = (f"top_paths = {spec.top_paths}" if spec.top_paths else
-                            "best paths" if spec.best_paths else f"semiring {quoted(plan_semiring.name)}")
-                    raise ResourceExhausted(f"{e} ({what}: {plan_semiring.components} arrays per value, each "
-                                            "counted)", e.max_items) from None
             paths = []
+            if spec.top_paths:
+                results, paths = self._top_paths(cg, compiled, s, plan_semiring, batch, deadline, backend, spec)
+            else:
+                results = self._run(compiled, plan_semiring, batch, deadline, backend, spec, slots, run, self.memory)
+            if spec.best_paths:
+                paths = interruptibly("tracing best paths", trace_best_paths, cg, compiled.backward, plan_semiring,
+                                      results, batch, starts)
             if spec.best_paths or spec.top_paths:
-                paths = (interruptibly("tracing best paths", trace_top_paths, cg, compiled.backward, plan_semiring, results,
-                                       batch, spec.top_paths)
-                         if spec.top_paths else
-                         interruptibly("tracing best paths", trace_best_paths, cg, compiled.backward, plan_semiring, results,
-                                       batch, starts))
                 if s.name == "kbest":  # its own gradient: its k best values, the carrier's first k ranks
                     results = {key: (v[0] if s.k == 1 else tuple(v[:s.k])) if isinstance(v, tuple) else v
                                for key, v in results.items()}
@@ -295,6 +280,41 @@ class Engine:
         finally:
             if owed:
                 self.memory.release(owed)
+
+    def _run(self, compiled, plan_semiring, batch, deadline, backend: str, spec: GradientSpec, slots, run: HookRun,
+             memory: MemoryBudget | None):
+        """The plan's results for one request (best paths read every adjoint and value: scratch,
+        not results for a caller's region; memory None: the caller holds the reservation)."""
+        with results_in(None) if spec.best_paths or spec.top_paths else contextlib.nullcontext(), \
+                _explained(plan_semiring, spec):
+            if not slots:
+                return run_plan(compiled.plan, batch, deadline, backend, self.limits, memory)
+            token = hooks_run.CURRENT.set(run)
+            try:
+                return run_plan(compiled.plan, batch, deadline, backend, self.limits, memory)
+            finally:
+                hooks_run.CURRENT.reset(token)
+
+    def _top_paths(self, cg, compiled, s, plan_semiring, batch, deadline, backend: str, spec: GradientSpec):
+        """(results, paths) of a top_paths request: its k-best pass pruned by the plan's learnt
+        guess where the semiring allows (semiring/pruning.py), run again unpruned, under one
+        memory reservation for both, when the answer does not verify. kbest's own values (every
+        rank) are never pruned."""
+        guess = compiled.pruning
+        rho = guess.rho if plan_semiring.prunable and plan_semiring.base is s else 0.0
+        with _explained(plan_semiring, spec):
+            needed = check_work(compiled.plan, batch.shape, self.limits, batch.arrays)
+        with self.memory.reserved_for(needed):
+            while True:
+                with pruning.pruned(rho):
+                    results = self._run(compiled, plan_semiring, batch, deadline, backend, spec, (), HookRun(), None)
+                paths = interruptibly("tracing best paths", trace_top_paths, cg, compiled.backward, plan_semiring,
+                                      results, batch, spec.top_paths, rho, guess)
+                if paths is not None:
+                    return results, paths
+                telemetry.event("top_paths_unpruned_rerun")
+                results = paths = None  # the pruned pass's arrays go before the unpruned pass makes its own
+                rho = 0.0
 
     def _top_paths_semiring(self, s, spec: GradientSpec):
         """The k-best back-pointer semiring of a top_paths request over the request's semiring
@@ -334,3 +354,17 @@ class Engine:
                     value = full(value, checked.shape, t)
                 arrays[name] = value
         return result
+
+
+@contextlib.contextmanager
+def _explained(plan_semiring, spec: GradientSpec):
+    """RESOURCE_EXHAUSTED for a carrier of several arrays says how many each value counts."""
+    try:
+        yield
+    except ResourceExhausted as e:
+        if plan_semiring.components == 1:
+            raise
+        what = (f"top_paths = {spec.top_paths}" if spec.top_paths else
+                "best paths" if spec.best_paths else f"semiring {quoted(plan_semiring.name)}")
+        raise ResourceExhausted(f"{e} ({what}: {plan_semiring.components} arrays per value, each counted)",
+                                e.max_items) from None

@@ -156,7 +156,9 @@ def held_until_answered():
 
 
 def run_plan(plan, batch: Batch, deadline: float | None, backend: str, limits: Limits,
-             memory: MemoryBudget) -> dict:
-    """`plan` over the batch, once its work and memory are within the limits."""
-    with memory.reserved_for(check_work(plan, batch.shape, limits, batch.arrays)):
+             memory: MemoryBudget | None) -> dict:
+    """`plan` over the batch, once its work and memory are within the limits (memory None: the
+    caller holds the plan's reservation already, for a run it repeats)."""
+    needed = check_work(plan, batch.shape, limits, batch.arrays)
+    with memory.reserved_for(needed) if memory is not None else contextlib.nullcontext():
         return plan.run(batch.arrays, time_bound(deadline, limits), backend, batch.shape)

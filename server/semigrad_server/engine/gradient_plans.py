@@ -3,7 +3,7 @@ attached), compiled to one plan whose results are keyed by OutputKey."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -17,6 +17,7 @@ from ..ir import Graph
 from ..runtime.compiled import compile_executable
 from ..runtime.cse import common_subexpressions
 from ..runtime.outputs import OutputKey
+from ..semiring.pruning import Guess
 from .graphs import CompiledGraph
 from .specs import HookRequest
 
@@ -40,6 +41,7 @@ class GradientPlanKey:
 class CompiledGradient:
     plan: object  # a runtime executable: Plan or ScalarExecutable
     backward: BackwardGraph
+    pruning: Guess = field(default_factory=Guess, compare=False)  # top_paths: the ρ its next pass tries
 
 
 def compile_gradient(cg: CompiledGraph, s, key: GradientPlanKey, backend: str,

@@ -538,7 +538,19 @@ def _kth_best_block(best, r, w, chosen, add, worst):
 
 
 @numba.njit(inline="always")
-def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, add, mul, stop):
+def _prune_bound(best, r, w, bound, ratio, add):
+    """bound[j] raised (in ⊕'s order) to `ratio` × entry j's best value, the best of its block
+    bests (ranks are sorted and ⊗ is monotone, so the best head is the best product): the
+    top-paths pruning of `pointer_kernels.kbest_pointer_matmul`, for ⊗ = × over values ≥ 0."""
+    for jj in range(w):
+        top = best[0, r, jj]
+        for blk in range(1, best.shape[0]):
+            top = _accumulate(add, top, best[blk, r, jj], False)
+        bound[jj] = top * ratio
+
+
+@numba.njit(inline="always")
+def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, add, mul, ratio, stop):
     """The k best products with back-pointers (`pointer_kernels.kbest_pointer_matmul`), for
     operands whose products cannot be NaN: ov/op/oq[t, i, j, :] = the K best of
     va[t, i, kk, p] ⊗ vb[t, kk, j, q] over kk, p, q by value, then pointer max(pa, pb) (smaller
@@ -605,8 +617,11 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
                     _tile(at, bt, tile, 0, w, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False, zero)
                 for r in range(rows):
                     i = i0 + r
-                    _kth_best_block(best, r, w, chosen, add, worst)  # 2.
                     bound = chosen[K - 1]
+                    if ratio > 0.0:
+                        _prune_bound(best, r, w, bound, ratio, add)
+                    else:
+                        _kth_best_block(best, r, w, chosen, add, worst)  # 2.
                     for blk in range(blocks):  # 3. block by block (its panel of b stays in L1), each kk in order
                         heads = best[blk, r]
                         for jj in range(w):
@@ -626,7 +641,7 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
 
 
 @numba.njit(inline="always")
-def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, add, mul, stop):
+def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, add, mul, ratio, stop):
     """`_kbest_pointers` for operands of fewer than four rows of a (m < 4) and b a lifted partial
     (one rank, no pointers: vb, qb (items, kk, n)): a row-wise Jacobian's k-best adjoint (layer
     norm, softmax: one matmul a row, (1, n) by (n, n)) is thousands of them. The same three
@@ -663,7 +678,10 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
                     for j in range(w):
                         tile[0, j] = worst
                     _tile(at, bt, tile, j0, j1, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False, zero)
-                _kth_best_block(best, 0, w, chosen, add, worst)  # 2. the bound: the K-th best block
+                if ratio > 0.0:
+                    _prune_bound(best, 0, w, chosen[K - 1], ratio, add)
+                else:
+                    _kth_best_block(best, 0, w, chosen, add, worst)  # 2. the bound: the K-th best block
                 for jj in range(w):  # 3. the kk reaching the bound, then their offers
                     low = chosen[K - 1, jj]
                     j = j0 + jj
@@ -684,43 +702,43 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL, stop)
+def kbest_pointers_max_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD, stop)
+def kbest_pointers_max_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX, stop)
+def kbest_pointers_max_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_max_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN, stop)
+def kbest_pointers_max_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL, stop)
+def kbest_pointers_min_mul(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD, stop)
+def kbest_pointers_min_add(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX, stop)
+def kbest_pointers_min_max(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN, stop)
+def kbest_pointers_min_min(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
@@ -733,40 +751,40 @@ def neg_xlogx(p, r, tiny):
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_max_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL, stop)
+def kbest_pointers_rows_max_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MUL, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_max_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD, stop)
+def kbest_pointers_rows_max_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_ADD, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_max_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX, stop)
+def kbest_pointers_rows_max_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MAX, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_max_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN, stop)
+def kbest_pointers_rows_max_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MAX, MUL_MIN, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_min_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL, stop)
+def kbest_pointers_rows_min_mul(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MUL, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_min_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD, stop)
+def kbest_pointers_rows_min_add(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_ADD, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_min_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX, stop)
+def kbest_pointers_rows_min_max(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MAX, ratio, stop)
 
 
 @numba.njit(**_OPTIONS)
-def kbest_pointers_rows_min_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, stop):
-    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN, stop)
+def kbest_pointers_rows_min_min(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ratio, stop):
+    _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq, ADD_MIN, MUL_MIN, ratio, stop)

@@ -226,14 +226,15 @@ def _increasing(x: np.ndarray, axis: int) -> bool:
     return x.shape[axis] < 2 or bool((np.diff(x, axis=axis) > 0).all())
 
 
-def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero: float):
+def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero: float, ratio: float = 0.0):
     """3k-array k-best values (value ranks, pointer ranks, partial ranks): the K best, or None.
 
     Operands whose products cannot be NaN take the block-bound kernel
     (`_jit_kernels.kbest_pointers_{⊕}_{⊗}`; with fewer than 4 rows of a and b a lifted partial,
     `kbest_pointers_rows_{⊕}_{⊗}`), the others the one-pass form
     (`kbest_pointers_any`); both offer each k with `_jit_kernels._offer`. A side whose pointers
-    are all NONE (a lifted partial) passes none; b keeps its layout."""
+    are all NONE (a lifted partial) passes none; b keeps its layout. `ratio` > 0 (⊗ = × only):
+    an entry's candidates worse than ratio × its best are dropped too (`pruning`)."""
     if _kernels() is None:
         return None
     m, kk = np.shape(a[0])[-2:]
@@ -262,11 +263,11 @@ def kbest_pointer_matmul(a, b, k: int, addition: str, multiplication: str, zero:
             tropical_kernels.count("kbest_pointer_matmul", "block bound, by rows")
             kernel = getattr(jit, f"kbest_pointers_rows_{addition}_{multiplication}")
             operands = operands[:3] + [tropical_kernels.readonly(x[..., 0]) for x in (vb, qb)]
-            args = (float(zero), blocks, pointers, ov, op, oq)
+            args = (float(zero), blocks, pointers, ov, op, oq, float(ratio))
         else:
             tropical_kernels.count("kbest_pointer_matmul", "block bound")
             kernel = getattr(jit, f"kbest_pointers_{addition}_{multiplication}")
-            args = (float(zero), blocks, pointers, ov, op, oq)
+            args = (float(zero), blocks, pointers, ov, op, oq, float(ratio))
     else:
         tropical_kernels.count("kbest_pointer_matmul", "one pass")
         kernel = jit.kbest_pointers_any

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..deadline import check
+from . import pruning
 from .kernels import everywhere
 from .pointer_kernels import NONE, kbest_pointer_matmul, pointer_matmul, stacked_view, top_candidates, top_of_two
 from .base import Semiring
@@ -177,6 +178,7 @@ class KBestPointerSemiring(Semiring):
         self.primary = "value"
         self.description = f"the {self.k} best paths of {base.name} with back-pointers"
         self._sign = 1.0 if base.addition == "max" else -1.0  # sort key: -sign · value, then pointer
+        self.prunable = pruning.prunable(base)  # its matmuls may drop what no top path needs (pruning.py)
 
     @property
     def key(self) -> str:
@@ -280,7 +282,8 @@ class KBestPointerSemiring(Semiring):
         return out
 
     def matmul(self, a, b):
-        out = kbest_pointer_matmul(a, b, self.k, self.base.addition, self.base.multiplication, self.base.zero)
+        out = kbest_pointer_matmul(a, b, self.k, self.base.addition, self.base.multiplication, self.base.zero,
+                                   pruning.ratio() if self.prunable else 0.0)
         return super().matmul(a, b) if out is None else out
 
     def equal(self, a, b, rtol=1e-9, atol=1e-12):

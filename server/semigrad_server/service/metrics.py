@@ -56,7 +56,9 @@ class Metrics:
         self.store_latency = Histogram("semigrad_store_seconds", "Graph store operation latency", ["store", "op"],
                                        buckets=LATENCY_BUCKETS, **kw)
         self.engine_events = Counter("semigrad_engine_events", "Plan-cache hits (plan_hit), plan compiles "
-                                     "(plan_compile), graphs compiled from the store (graph_compile)", ["event"], **kw)
+                                     "(plan_compile), graphs compiled from the store (graph_compile), top_paths "
+                                     "passes that did not verify pruned and ran again (top_paths_unpruned_rerun)",
+                                     ["event"], **kw)
         telemetry.listen(lambda name: self.engine_events.labels(name).inc())
 
     @classmethod
