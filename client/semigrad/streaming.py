@@ -243,7 +243,11 @@ def gradient_many(graph: RegisteredGraph, inputs: Mapping[str, object], chunk_si
         listed = ", ".join(str(c) for c, _, _ in failures)
         raise error_for_code(code, f"chunk {chunk} (items {starts[chunk]}..): {text} "
                                    f"[failed chunks: {listed} of {len(starts)}]")
-    return assembly.result()
+    result = assembly.result()
+    semiring = options.get("semiring")
+    if isinstance(result, SemiringGradients) and semiring is not None and not isinstance(semiring, str):
+        result = result.ordered(list(semiring))  # the wire's map of semirings has no order
+    return result
 
 
 def _stream(graph: RegisteredGraph, batch: Batch, starts: list[int], chunks: list[int], chunk_size: int,

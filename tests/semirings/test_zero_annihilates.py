@@ -60,3 +60,39 @@ def test_best_paths_skip_the_removed_path(client, elementwise_only):
     assert math.prod(abs(s.partial) for s in every[0].steps) == 2.0
     top = f.gradient(POINT, wrt=["x"], semiring="max_product", top_paths=4).best_paths
     assert [p.value["value"] for p in top] == [INF, 3.0, 2.0]
+
+
+@pytest.mark.parametrize("elementwise_only", [False, True], ids=["matmul", "elementwise"])
+def test_every_kbest_rank_drops_the_removed_path(client, elementwise_only):
+    """kbest's ranks past its paths are 0 (no path): an infinite partial times them is no
+    path either, not NaN (it had given [nan, nan, inf] for the one infinite path)."""
+    f = client.register(graph(elementwise_only))
+    got = f.gradient(POINT, wrt=["x"], semiring="kbest", semiring_params={"k": 3}, return_components=True)
+    np.testing.assert_array_equal(got.components["x"]["kbest"], [[2.0, 0.0, 0.0], [INF, 3.0, 0.0]])
+
+
+def test_kbest_of_a_zero_partial_into_an_infinite_one_is_no_path(client):
+    """sqrt(square(x)) at 0: 0 (square's partial) times ∞ (sqrt's) is removed, as max_product
+    removes it (the real gradient is NaN, as PyTorch's); it had given [nan, 0, 0]."""
+    g = sg.Graph()
+    x = g.input("x", ())
+    g.output("y", sg.sqrt(sg.square(x)))
+    f = client.register(g)
+    point = {"x": np.float64(0.0)}
+    assert f.gradient(point, semiring="max_product")["x"] == 0.0
+    got = f.gradient(point, semiring="kbest", semiring_params={"k": 3}, return_components=True)
+    np.testing.assert_array_equal(got.components["x"]["kbest"], [0.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("size", [1, 4096], ids=["sorted", "network"])
+def test_kbest_times_an_infinite_partial_keeps_its_empty_ranks_empty(size):
+    """One path (ranks [v, 0, 0]) ⊗ a lifted ∞: [∞, 0, 0], by the sort (small arrays) and by
+    the selection network (large ones). With v = ∞ the sort had put 0 · ∞ = NaN first:
+    [nan, nan, inf]."""
+    from semigrad_paths.kbest import KBestSemiring
+
+    s = KBestSemiring(3)
+    for v in (2.0, INF):
+        one_path = s.lift(np.full(size, v))
+        for product in (s.mul(one_path, s.lift(np.full(size, INF))), s.mul(s.lift(np.full(size, INF)), one_path)):
+            np.testing.assert_array_equal(np.stack(product), [[INF] * size, [0.0] * size, [0.0] * size])

@@ -76,7 +76,10 @@ class SemiringRegistry:
     def product(self, names, params: Mapping[str, object] | None = None) -> Semiring:
         """Several semirings computed in one backward walk: their `ProductSemiring` (one name:
         that semiring). `params` keys are "<semiring>.<parameter>" ("kbest.k")."""
-        names = [n or "real" for n in names]
+        names = list(names)
+        if "" in names:  # a single semiring="" is the default, real; an empty entry of a list is a slip
+            raise InvalidArgument(f"semirings[{names.index('')}] is empty: name every semiring of the list "
+                                  "('real' for the gradient itself)")
         if not names:
             raise InvalidArgument("the list of semirings is empty")
         if len(names) > MAX_MEMBERS:

@@ -167,7 +167,9 @@ class KBestSemiring(Semiring):
         k = self.k
 
         def products(comps):
-            return np.stack(comps[:k])[self._i] * np.stack(comps[k:])[self._j]
+            left, right = np.stack(comps[:k])[self._i], np.stack(comps[k:])[self._j]
+            with np.errstate(invalid="ignore"):
+                return kernels.annihilate(left * right, left, right, 0.0)  # 0 (no path) · ∞ is no path
 
         return self._top_by_blocks(np.broadcast_arrays(*self.components_of(a), *self.components_of(b)), products,
                                    len(self._i) + 2 * k)
@@ -190,11 +192,12 @@ class KBestSemiring(Semiring):
         return self._pack(tuple(out[r].reshape(shape) for r in range(self.k)))
 
     def _best(self, candidates: np.ndarray) -> np.ndarray:
-        """The k largest along axis 0 (which has ≥ k entries), descending: (k, ...)."""
+        """The k largest along axis 0 (which has ≥ k entries), descending, NaN after every
+        number (sorted as -candidates: NumPy sorts NaN last): (k, ...)."""
         k = self.k
         if candidates.shape[0] > k:
             candidates = -np.partition(-candidates, k - 1, axis=0)[:k]
-        return np.sort(candidates, axis=0)[::-1]
+        return -np.sort(-candidates, axis=0)
 
     def _top(self, candidates: np.ndarray):
         """The k largest along axis 0 (which has ≥ k entries), descending, as a value."""
@@ -295,9 +298,9 @@ def _product_top(a, b, k: int, shape) -> list[np.ndarray]:
     non-negative): row p, the products a[p] · b[q] for (p+1)(q+1) ≤ k, is sorted descending
     in q; the rows are merged with `_merge`."""
     top = None
-    with np.errstate(invalid="ignore"):  # inf · 0: NaN, and then the reference code (which warns)
+    with np.errstate(invalid="ignore"):  # 0 (no path) · ∞ is no path: 0, not NaN
         for p in range(k):
-            row = [np.multiply(a[p], b[q]) for q in range(k // (p + 1))]
+            row = [kernels.annihilate(np.multiply(a[p], b[q]), a[p], b[q], 0.0) for q in range(k // (p + 1))]
             top = row if top is None else _merge(top, row, k, shape)
     return top
 
