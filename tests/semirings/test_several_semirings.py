@@ -276,6 +276,27 @@ def test_row_ops_give_each_member_its_own_request_exactly(client, member, others
     np.testing.assert_array_equal(both[member]["x"], alone["x"])
 
 
+def test_on_one_executor_a_member_is_its_own_request_bit_for_bit(client):
+    """log_counting alone folds its mean's φ(1/3) = 1̄ away, in a list it cannot: with backend
+    auto this 3-element graph ran on the tensor plan alone and the scalar program in the list,
+    log 3 against log 2 ⊕ log 1, an ulp apart. On one executor: the same bits."""
+    g = sg.Graph()
+    a, x = g.input("a", (2, 3)), g.input("x", (3,))
+    g.output("m", sg.mean(a, axis=-1))
+    g.output("y", sg.softmax(x))
+    f = client.register(g)
+    point = {"a": np.array([[0.68, 0.13, 1.24], [-0.40, 2.52, 0.42]]),
+             "x": np.array([-0.874279516980727, 0.7680011820656408, -0.010954219720065186])}
+    for backend in ("tensor", "scalar"):
+        alone = f.gradient(point, semiring="log_counting", backend=backend)["x"]
+        for other in ("max_product", "real", "counting"):
+            both = f.gradient(point, semiring=["log_counting", other], backend=backend)["log_counting"]["x"]
+            np.testing.assert_array_equal(both, alone, err_msg=f"{backend}, with {other}")
+    alone = f.gradient(point, semiring="log_counting")["x"]
+    np.testing.assert_allclose(f.gradient(point, semiring=["log_counting", "real"])["log_counting"]["x"], alone,
+                               rtol=1e-15)
+
+
 def test_the_cache_of_products_is_bounded(monkeypatch):
     import semigrad_server.semiring.loader as loader_module
     monkeypatch.setattr(loader_module, "MAX_CACHED_PRODUCTS", 2)
