@@ -21,7 +21,7 @@ from path_reference import random_case
 
 from semigrad_server import telemetry
 from semigrad_server.engine import Engine
-from semigrad_server.semiring import pointer_kernels, pointers, pruning
+from semigrad_server.semiring import _jit_kernels, pointer_kernels, pointers, pruning
 from semigrad_server.service.convert import graph_from_proto
 
 import semigrad as sg
@@ -36,16 +36,19 @@ def candidates(va, vb, i, j):
 
 
 @pytest.mark.skipif(pointer_kernels._kernels() is None, reason="numba not installed")
+@pytest.mark.parametrize("ratio", [0.5, 0.95], ids=["with the K-th block's bound", "ratio alone"])
 @pytest.mark.parametrize("m", [1, 6], ids=["by rows", "block bound"])
-def test_the_kernels_drop_exactly_what_is_below_the_ratio(m):
-    # entry (i, j)'s best is 1 · b; its other candidates sit at 0.5 and just below 0.5 of it
-    kk, n, ratio = 8, 5, 0.5
+def test_the_kernels_drop_exactly_what_is_below_the_ratio(m, ratio):
+    # entry (i, j)'s best is 1 · b; its other candidates sit at the ratio and just below it
+    # (ratios on both sides of PRUNED_ALONE, where the K-th best block stops being computed)
+    assert (ratio < _jit_kernels.PRUNED_ALONE) == (ratio == 0.5)
+    kk, n = 8, 5
     rng = np.random.default_rng(0)
     va = np.zeros((K, m, kk))
     va[0] = 0.25 * rng.random((m, kk))  # heads well below the threshold
-    va[0][:, 0], va[1][:, 0], va[2][:, 0] = 1.0, 0.5, 0.5 * (1 - 1e-12)  # one element's ranks: at, just below
-    va[0][:, 3] = 0.5  # another element's head: at the threshold
-    va[0][:, 5] = 0.5 * (1 - 1e-12)  # and one just below it
+    va[0][:, 0], va[1][:, 0], va[2][:, 0] = 1.0, ratio, ratio * (1 - 1e-12)  # one element's ranks: at, just below
+    va[0][:, 3] = ratio  # another element's head: at the threshold
+    va[0][:, 5] = ratio * (1 - 1e-12)  # and one just below it
     vb = np.ones((kk, n)) * (1 + rng.integers(0, 2, (1, n)))
     pa = [np.arange(m * kk, dtype=float).reshape(m, kk) * K + r for r in range(K)]
     a = tuple(va) + tuple(pa) + tuple(np.ones((K, m, kk)))
@@ -56,7 +59,7 @@ def test_the_kernels_drop_exactly_what_is_below_the_ratio(m):
     for i, j in itertools.product(range(m), range(n)):
         every = candidates(va, vb, i, j)
         kept = [v for v in every if v >= ratio * every[0]][:K]
-        assert kept == [every[0], 0.5 * every[0], 0.5 * every[0]]  # the two at the threshold, none below
+        assert kept == [every[0], ratio * every[0], ratio * every[0]]  # the two at the threshold, none below
         assert [pruned[r][i, j] for r in range(K)] == kept
         assert [unpruned[r][i, j] for r in range(K)] == every[:K]  # unpruned: the two just below too
         assert every[2] == every[1] and every[K] < every[1]  # (so the test crosses the threshold)
@@ -70,6 +73,11 @@ def test_a_pass_verifies_when_its_kth_path_reaches_the_ratio():
     assert not pruning.verified(values, 3, 0.5 + 1e-12)
     assert not pruning.verified(values[:2], 3, 0.1)  # fewer paths than asked: more may have been dropped
     assert pruning.verified(values[:2], 3, 0.0)  # unpruned: whatever it found
+    assert not pruning.verified(np.array([np.inf, np.inf, np.inf]), 3, 0.5)  # ties at ∞ prove nothing
+    floor = 2 * np.finfo(np.float64).tiny / 0.5  # ρ × a best must be normal, with a factor 2 to spare
+    assert pruning.rounded_relatively([np.array([0.0, 1.0]), np.array([floor])], 0.5)
+    assert not pruning.rounded_relatively([np.array([1.0]), np.array([0.0, floor * (1 - 1e-15)])], 0.5)
+    assert not pruning.rounded_relatively([np.array([1.0, np.inf])], 0.5)
     guess = pruning.Guess()
     assert guess.rho == 0.0
     guess.learn(values, 3)
@@ -164,3 +172,48 @@ def test_a_guess_the_answer_does_not_bear_out_runs_again_unpruned(events, ratios
     assert ratio == pytest.approx(1.0) and reruns == 1
     ratio, reruns = ask(spread)  # learnt from the unpruned answer: pruned, verified
     assert 0.0 < ratio < 1.0 and reruns == 0
+
+
+def scaled_matmul() -> sg.Graph:
+    """y = sum(c * (A @ ((x * t) * s))): the path from x[j] through c[i] is worth
+    |c[i] · A[i, j] · s[j] · t[j]|, multiplied in that order from the output."""
+    g = sg.Graph()
+    x, t, s, A, c = (g.input(name, shape) for name, shape in
+                     (("x", (2,)), ("t", (2,)), ("s", (2,)), ("A", (2, 2)), ("c", (2,))))
+    g.output("y", sg.sum(c * (A @ ((x * t) * s))))
+    return g
+
+
+U = 2.0 ** -1074  # the least subnormal
+TAUGHT = {"x": np.ones(2), "t": np.ones(2), "s": np.ones(2), "c": np.ones(2), "A": np.array([[1.0, 0.9], [0.95, 0.8]])}
+FLOAT_EDGES = {  # the two paths from x[0] leave the matmul at 1 and 0.8 (below ρ = 0.95^4: dropped), then:
+    # × 2^-1074: both round to 2^-1074, a tie (a helper's attack found the pruned pass lose one)
+    "subnormal": {"x": np.ones(2), "t": np.ones(2), "s": np.full(2, U), "c": np.array([1.0, 0.8]),
+                  "A": np.array([[1.0, 1.0], [1.0, 0.25]])},
+    # × 2^-1074 × 2^1000: back from the subnormal range, tied at 2^-74
+    "subnormal and back": {"x": np.ones(2), "t": np.full(2, 2.0 ** 1000), "s": np.full(2, U), "c": np.array([1.0, 0.8]),
+                           "A": np.array([[1.0, 1.0], [1.0, 0.25]])},
+    # 1e300 · 1e10 = ∞ is the best; the dropped 1e300 · 1 becomes ∞ too (× 1e10), a tie
+    "overflow": {"x": np.ones(2), "t": np.ones(2), "s": np.full(2, 1e10), "c": np.full(2, 1e300),
+                 "A": np.array([[1e10, 1.0], [1.0, 1.0]])},
+}
+
+
+@pytest.mark.parametrize("edge", list(FLOAT_EDGES))
+def test_a_pass_whose_floats_leave_relative_rounding_runs_again_unpruned(edge, events, ratios):
+    graph = scaled_matmul()
+    engine = Engine()
+    gid = engine.register(graph_from_proto(graph.to_proto()))[0].id
+    kw = {"wrt": ["x"], "semiring": "max_product", "top_paths": 2}
+    taught = engine.gradient(gid, TAUGHT, **kw).best_paths.values["value"]
+    assert taught.tolist() == [1.0, 0.95]  # the plan learns ρ = 0.95^4
+    events.clear()
+    ratios.clear()
+    got = engine.gradient(gid, FLOAT_EDGES[edge], **kw).best_paths
+    fresh = Engine()
+    want = fresh.gradient(fresh.register(graph_from_proto(graph.to_proto()))[0].id, FLOAT_EDGES[edge], **kw).best_paths
+    assert max(ratios) == pytest.approx(0.95 ** 4)  # it did run pruned first
+    assert events.count("top_paths_unpruned_rerun") == 1
+    assert {k: v.tolist() for k, v in got.columns.items()} == {k: v.tolist() for k, v in want.columns.items()}
+    assert got.values["value"].tolist() == want.values["value"].tolist()
+    assert got.element.tolist() == [0, 0]  # both best paths start at x[0] (tied)

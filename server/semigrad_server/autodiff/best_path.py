@@ -182,6 +182,10 @@ def trace_top_paths(cg, backward: BackwardGraph, s, results, batch, count: int, 
     v, p, q, number, b, e = (a[order] for a in (v, p, q, number, b, e))
     if not pruning.verified(v, count, rho):
         return None
+    if rho > 0.0 and not pruning.rounded_relatively(
+            [results[key][0] for key in map(OutputKey.adjoint, walker.names) if key in results] +
+            [results[OutputKey.gradient(x)][0] for x, ref in backward.gradients.items() if ref is not None], rho):
+        return None
     if guess is not None:
         guess.learn(v, count)
     table = _Table(walker, order.size, components)

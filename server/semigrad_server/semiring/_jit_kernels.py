@@ -26,6 +26,7 @@ MUL_MUL, MUL_ADD, MUL_MAX, MUL_MIN = 0, 1, 2, 3
 K_BLOCK = 64  # rows of b per panel: they stay in cache while 4 rows of a sweep them
 J_BLOCK = 256  # columns per tile: 4 output rows of it (8 KB) stay in L1, a panel of b (128 KB) in L2
 WINNER_PANEL_ROWS = 8  # rows of a from which the winners' search reads a transposed copy of b
+PRUNED_ALONE = 0.9  # a pruned k-best pass bounds an entry by ratio × its best alone from this ratio up
 KBEST_J_BLOCK = 64  # the k-best pointer kernel's tiles: an entry's block bests, read across blocks, stay in L2
 
 
@@ -538,15 +539,26 @@ def _kth_best_block(best, r, w, chosen, add, worst):
 
 
 @numba.njit(inline="always")
-def _prune_bound(best, r, w, bound, ratio, add):
-    """bound[j] raised (in ⊕'s order) to `ratio` × entry j's best value, the best of its block
-    bests (ranks are sorted and ⊗ is monotone, so the best head is the best product): the
-    top-paths pruning of `pointer_kernels.kbest_pointer_matmul`, for ⊗ = × over values ≥ 0."""
+def _prune_bound(best, r, w, chosen, ratio, add, worst):
+    """chosen[K - 1, j], the bound of `_kbest_pointers` step 2, for a pass pruned at `ratio`
+    (> 0; `pointer_kernels.kbest_pointer_matmul`, ⊗ = × over values ≥ 0): ratio × entry j's
+    best value (the best of its block bests: ranks are sorted and ⊗ is monotone, so the best
+    head is the best product), or the K-th best block where that is better. Near 1 (at least
+    PRUNED_ALONE) the ratio's bound alone: the K-th best block's network is not worth its cost."""
+    K = chosen.shape[0]
+    bound = chosen[K - 1]
+    if ratio < PRUNED_ALONE:
+        _kth_best_block(best, r, w, chosen, add, worst)
+    else:
+        for jj in range(w):
+            bound[jj] = worst
     for jj in range(w):
         top = best[0, r, jj]
         for blk in range(1, best.shape[0]):
             top = _accumulate(add, top, best[blk, r, jj], False)
-        bound[jj] = top * ratio
+        t = top * ratio
+        if _ahead(add, t, bound[jj]):
+            bound[jj] = t
 
 
 @numba.njit(inline="always")
@@ -617,11 +629,11 @@ def _kbest_pointers(va, pa, qa, vb, pb, qb, zero, blocks, pointers, ov, op, oq, 
                     _tile(at, bt, tile, 0, w, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False, zero)
                 for r in range(rows):
                     i = i0 + r
-                    bound = chosen[K - 1]
                     if ratio > 0.0:
-                        _prune_bound(best, r, w, bound, ratio, add)
+                        _prune_bound(best, r, w, chosen, ratio, add, worst)
                     else:
                         _kth_best_block(best, r, w, chosen, add, worst)  # 2.
+                    bound = chosen[K - 1]
                     for blk in range(blocks):  # 3. block by block (its panel of b stays in L1), each kk in order
                         heads = best[blk, r]
                         for jj in range(w):
@@ -679,7 +691,7 @@ def _kbest_pointers_rows(va, pa, qa, vb, qb, zero, blocks, pointers, ov, op, oq,
                         tile[0, j] = worst
                     _tile(at, bt, tile, j0, j1, 0, blk * length, min(kc, (blk + 1) * length), add, mul, False, zero)
                 if ratio > 0.0:
-                    _prune_bound(best, 0, w, chosen[K - 1], ratio, add)
+                    _prune_bound(best, 0, w, chosen, ratio, add, worst)
                 else:
                     _kth_best_block(best, 0, w, chosen, add, worst)  # 2. the bound: the K-th best block
                 for jj in range(w):  # 3. the kk reaching the bound, then their offers

@@ -11,7 +11,9 @@ k-best matmul, the costliest step of the pass, drops such candidates
 (`_jit_kernels._prune_bound`: a_0 of its entry is its best head). Then:
 * the pass keeps every path worth at least ρ · P;
 * its k best are the k best of the graph whenever the k-th of them is worth at least ρ · P
-  (`verified`).
+  (`verified`), and the floats that argument rests on are rounded relatively: no element's best
+  is infinite, nor so small that ρ times it is subnormal (`rounded_relatively`; a helper's
+  attack found paths through exp(-745) = 2^-1074 that rounding made equal, and overflow to ∞).
 Dropping a candidate below an element's threshold only removes the tail of that element's
 ranked list, so kept ranks, and the pointers that name them, are the same as unpruned.
 
@@ -27,6 +29,8 @@ import contextlib
 from contextvars import ContextVar
 
 import numpy as np
+
+from ..deadline import check
 
 SLACK = 4  # the next guess: (k-th ÷ best) ** SLACK
 MARGIN = 1e-9  # thresholds lowered by this much: a path's product is rounded differently on each side of e
@@ -57,10 +61,27 @@ def pruned(rho: float):
 
 def verified(values: np.ndarray, count: int, rho: float) -> bool:
     """Whether the `count` best paths a pass pruned at ρ found (their values, best first) are
-    the graph's: there are `count` of them and the last is worth at least ρ × the first."""
+    the graph's: there are `count` of them and the last is worth at least ρ × the first (all
+    finite: past ∞ the bound says nothing)."""
     if rho <= 0.0:
         return True
-    return len(values) == count and bool(values[-1] >= rho * values[0])
+    return len(values) == count and bool(np.isfinite(values[0])) and bool(values[-1] >= rho * values[0])
+
+
+def rounded_relatively(best_values, rho: float) -> bool:
+    """Whether a pass pruned at ρ computed every value that matters with relative rounding:
+    each element's best (`best_values`: every node's best adjoint, an array a node) is 0 or
+    finite with ρ × it a normal number. A path worth ρ × the best one is worth about ρ × the
+    best of each element it passes, so then none of its products was subnormal, where
+    rounding steps are absolute (2^-1074) and can make a dropped path equal a kept one, nor
+    infinite (the bound's arithmetic). Otherwise the answer is not taken."""
+    floor = 2.0 * np.finfo(np.float64).tiny / rho
+    for v in best_values:
+        check("checking a pruned pass")
+        v = np.asarray(v)
+        if not np.isfinite(v).all() or bool(((v > 0.0) & (v < floor)).any()):
+            return False
+    return True
 
 
 class Guess:
