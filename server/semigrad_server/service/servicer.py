@@ -175,7 +175,8 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         try:
             with self.streams.taken(context.peer(), "GradientWithHooks"):
                 yield from run_with_client_hooks(
-                    status.decoded_stream(pumped(request_iterator, bound, "GradientWithHooks", self.idle_seconds())),
+                    status.decoded_stream(pumped(request_iterator, bound, "GradientWithHooks", self.idle_seconds(),
+                                                 context.is_active)),
                     context, bound,
                     lambda request, channel: self._gradient(request, context, bound.deadline,
                                                             HookRun(client=channel)))
@@ -202,7 +203,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
         try:
             with self.streams.taken(context.peer(), "GradientStream"):
                 yield from self._chunks(status.decoded_stream(pumped(request_iterator, bound, "GradientStream",
-                                                                         self.idle_seconds())),
+                                                                         self.idle_seconds(), context.is_active)),
                                         bound, context, counts)
         except Exception as e:  # noqa: BLE001 - the stream itself failed (a message that does not decode)
             code, detail = status.status_of(e, "GradientStream")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..deadline import Bound
 from ..errors import Cancelled, DeadlineExceeded, ResourceExhausted
@@ -55,18 +55,21 @@ class StreamSlots:
 _CALL_ENDED = object()  # the client's message stream failed: the call ended under it
 
 
-def pumped(messages: Iterable, bound: Bound, what: str, idle: float | None = None) -> Iterator:
+def pumped(messages: Iterable, bound: Bound, what: str, idle: float | None = None,
+           live: Callable[[], bool] | None = None) -> Iterator:
     """The client's messages, read on a thread of their own so that waiting for the next one
     ends (DeadlineExceeded) when `bound` passes, or after `idle` seconds without a message (the
     server's max_request_seconds: a client's own far deadline must not hold a stream slot idle
-    for longer). The reader ends with the call."""
+    for longer). The reader ends with the call. `live`: whether the call still runs (the
+    context's is_active), so that messages ending because the call did (grpcio's iterator may
+    just stop at the deadline) are not taken for the client's half-close."""
     inbox: queue.SimpleQueue = queue.SimpleQueue()
 
     def read():
         try:
             for message in messages:
                 inbox.put((True, message))
-            inbox.put((False, None))
+            inbox.put((False, None if live is None or live() else _CALL_ENDED))
         except Exception:  # noqa: BLE001 - gRPC's iterator raises when the call ends (cancelled, deadline)
             inbox.put((False, _CALL_ENDED))
 
