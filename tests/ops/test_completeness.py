@@ -192,7 +192,9 @@ def test_jit_backend(client, rng, case, monkeypatch):
     """Built-in elementwise ops all have a float form or an infix: a missing one fails here.
     (One layout per program: an op's code is the same in each, and every layout is checked
     against the tensor engine in tests/runtime/test_backends.py; compiling all three for each of
-    88 cases was the suite's largest cost.)"""
+    88 cases was the suite's largest cost. One program per case too: the gradient with the
+    outputs computes the forward values a gradient alone may not need, where an evaluate
+    program beside it cost a second compile, 80 s of the suite.)"""
     monkeypatch.setattr(jit, "LAYOUTS", ("rows",))
     assert _first_missing(ops_of(case), has_float_form) is None
     f = client.register(build(case))
@@ -200,8 +202,9 @@ def test_jit_backend(client, rng, case, monkeypatch):
         return assert_refuses_integer_values(f, case, rng, "jit")
     for batch in ((), (7,)):
         inputs = inputs_for(case, rng, batch)
-        assert_same(f.evaluate(inputs, backend="jit"), f.evaluate(inputs, backend="tensor"), **CLOSE)
-        assert_same(f.gradient(inputs, backend="jit"), f.gradient(inputs, backend="tensor"), **CLOSE)
+        grads, outputs = f.gradient(inputs, backend="jit", return_outputs=True)
+        assert_same(outputs, f.evaluate(inputs, backend="tensor"), **CLOSE)
+        assert_same(grads, f.gradient(inputs, backend="tensor"), **CLOSE)
 
 
 @pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install 'semigrad[jit]')")
