@@ -244,15 +244,20 @@ def test_gradient_many_streams_several_semirings(mlp):
             np.testing.assert_array_equal(streamed[name].components["x"][key], value)
 
 
+def fused_rows(n: int) -> sg.Graph:
+    """softmax, layer_norm and logsumexp of an n-wide x: fused row ops."""
+    g = sg.Graph()
+    x = g.input("x", (n,))
+    w = np.random.default_rng(0).normal(size=(n, n))
+    g.output("y", (sg.softmax(g.const(w) @ x) * np.arange(float(n))).sum() + sg.layer_norm(x).sum() * 0.3
+             + sg.logsumexp(x))
+    return g
+
+
 def test_real_in_a_list_is_the_gradient_up_to_rounding(client):
     """With fused ops (softmax, layer_norm, logsumexp) the real member runs their element-level
     adjoints, not the O(n) formulas: the same gradient, to rounding."""
-    g = sg.Graph()
-    x = g.input("x", (5,))
-    w = np.random.default_rng(0).normal(size=(5, 5))
-    g.output("y", (sg.softmax(g.const(w) @ x) * np.arange(5.0)).sum() + sg.layer_norm(x).sum() * 0.3
-             + sg.logsumexp(x))
-    f = client.register(g)
+    f = client.register(fused_rows(5))
     point = {"x": np.random.default_rng(1).normal(size=(4, 5))}
     both = f.gradient(point, semiring=["real", "max_product"])
     np.testing.assert_allclose(both["real"]["x"], f.gradient(point)["x"], rtol=1e-13, atol=1e-15)
@@ -264,12 +269,7 @@ def test_row_ops_give_each_member_its_own_request_exactly(client, member, others
     """Fused row ops (softmax, layer_norm, logsumexp) take their adjoint in column blocks
     sized by the carrier's arrays: a member must not round differently beside others."""
     others = [o for o in others if o != member]
-    g = sg.Graph()
-    x = g.input("x", (6,))
-    w = np.random.default_rng(0).normal(size=(6, 6))
-    g.output("y", (sg.softmax(g.const(w) @ x) * np.arange(6.0)).sum() + sg.layer_norm(x).sum() * 0.3
-             + sg.logsumexp(x))
-    f = client.register(g)
+    f = client.register(fused_rows(6))
     point = {"x": np.random.default_rng(1).normal(size=(3, 6))}
     alone = f.gradient(point, semiring=member)
     both = f.gradient(point, semiring=[member] + others)
