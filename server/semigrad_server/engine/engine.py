@@ -302,9 +302,10 @@ class Engine:
         rank) are never pruned."""
         guess = compiled.pruning
         rho = guess.rho if plan_semiring.prunable and plan_semiring.base is s else 0.0
-        with _explained(plan_semiring, spec):
-            needed = check_work(compiled.plan, batch.shape, self.limits, batch.arrays)
-        with self.memory.reserved_for(needed):
+        with contextlib.ExitStack() as reservation:
+            with _explained(plan_semiring, spec):
+                reservation.enter_context(self.memory.reserved_for(
+                    check_work(compiled.plan, batch.shape, self.limits, batch.arrays)))
             while True:
                 with pruning.pruned(rho):
                     results = self._run(compiled, plan_semiring, batch, deadline, backend, spec, (), HookRun(), None)
