@@ -368,7 +368,9 @@ def test_a_stream_idle_past_the_servers_bound_ends_whatever_the_clients_deadline
         assert time.monotonic() - started < DEFAULT_SECONDS + 5
     line = server_line(rpc_log, rpc)  # its own deadline never came: the call ended by its idle bound
     assert "status=DEADLINE_EXCEEDED" in line, line
-    assert float(re.search(r" ms=([0-9.]+)", line).group(1)) <= (DEFAULT_SECONDS + allowed_overrun()) * 1e3, line
+    # ended at the idle bound, not the client's hour (a slowed host's full run: 176 ms past it)
+    assert float(re.search(r" ms=([0-9.]+)", line).group(1)) <= (DEFAULT_SECONDS + max(0.5, allowed_overrun())) * 1e3, \
+        line
 
 
 def test_an_idle_hook_stream_ends_at_the_servers_default(impatient_server, rpc_log):

@@ -225,10 +225,15 @@ def test_workers_metrics_are_summed_and_logs_are_json(tmp_path):
         wait_for_workers(process, 2)
         with sg.Client(address, timeout=20) as client:
             graph_id = client.register(square_graph()).id
-        calls = 12
-        for _ in range(calls):  # fresh connections: the kernel spreads them over both workers
+        calls = 0
+        # fresh connections: the kernel spreads them over both workers, at least 12 and until both
+        # have answered (on a slow host all 12 once went to one)
+        while calls < 12 or (len(gradient_pids(process.lines)) < 2 and calls < 80):
             with sg.Client(address, timeout=20) as client:
                 client.get_graph(graph_id).gradient({"x": [1.0, 2.0, 3.0]})
+            calls += 1
+            if calls >= 12:
+                time.sleep(0.05)  # (the call's log line on its way through the pipe)
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     finally:
         log = stop(process)
@@ -241,6 +246,12 @@ def test_workers_metrics_are_summed_and_logs_are_json(tmp_path):
     assert len(calls_logged) == calls and len({entry["pid"] for entry in calls_logged}) == 2
     assert all(re.fullmatch(r"[0-9a-f]{32}", entry["request_id"]) for entry in calls_logged)
     assert len({entry["request_id"] for entry in calls_logged}) == calls
+
+
+def gradient_pids(lines) -> set:
+    """The worker processes whose JSON log lines record a Gradient call."""
+    return {entry["pid"] for entry in map(json.loads, (line for line in list(lines) if line.startswith("{")))
+            if entry.get("logger") == "semigrad.rpc" and "rpc=Gradient" in entry.get("message", "")}
 
 
 def test_sigterm_drains(tmp_path):
