@@ -11,8 +11,9 @@ request took 2.7 ms to serialize on this project's VM, 0.08 ms written as here.
   array's bytes copied once, straight into the serialized request.
 - :class:`Reader` deserializes a response whose ``map<string, Tensor>`` fields hold inline
   tensors: each such tensor's bytes stay where gRPC received them, and the message is parsed
-  with a small marker in their place (a ``shared`` reference to region :data:`MARK`, which no
-  real region can be named: real names are ``semigrad-`` and hex digits); the
+  with a small marker in their place (a ``shared`` reference to a region named :data:`MARK` and
+  a random suffix drawn for this message, which no real region can be named: real names are
+  ``semigrad-`` and hex digits, and no sender can forge a marker it reads); the
   :class:`Received` it returns reads marked tensors as read-only views of the received bytes
   and any other tensor as :func:`codec.from_tensor` does. A message this reader does not expect
   (a field of an unexpected wire type, a truncated one) is parsed by protobuf as it is, so the
@@ -25,6 +26,7 @@ a map entry may be written after the message's other fields."""
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping
 
 import numpy as np
@@ -79,6 +81,13 @@ class Outgoing:
 
     def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's names, as for a message)
         return b"".join(self._pieces)
+
+    def inside(self, message, name: str) -> Outgoing:
+        """`message` with this as its message field `name` (not set in `message`)."""
+        field = _field(type(message), name)
+        outer = Outgoing.__new__(Outgoing)
+        outer._pieces = [message.SerializeToString(), _tag(field.number, LEN), _varint(self.ByteSize()), *self._pieces]
+        return outer
 
     def ByteSize(self) -> int:  # noqa: N802
         return sum(len(p) for p in self._pieces)
@@ -164,10 +173,10 @@ def _fields(raw, at: int, end: int):
 class Received:
     """A parsed response and how to read its tensors (`read`: a Tensor -> a read-only array)."""
 
-    __slots__ = ("message", "_raw", "_inline")
+    __slots__ = ("message", "_raw", "_inline", "_mark")
 
-    def __init__(self, message, raw, inline: dict[int, int]):
-        self.message, self._raw, self._inline = message, raw, inline
+    def __init__(self, message, raw, inline: dict[int, int], mark: str = MARK):
+        self.message, self._raw, self._inline, self._mark = message, raw, inline, mark
 
     def ByteSize(self) -> int:  # noqa: N802 (as a message's: the bytes received)
         return len(self._raw)
@@ -176,12 +185,12 @@ class Received:
         array = codec.inline_array(tensor)  # (most tensors: inline and well formed)
         if array is not None:
             return array
-        if tensor.WhichOneof("payload") != "shared" or tensor.shared.region != MARK:
+        if tensor.WhichOneof("payload") != "shared" or not tensor.shared.region.startswith(MARK):
             return codec.from_tensor(tensor)
         offset = tensor.shared.offset
-        size = self._inline.get(offset)
+        size = self._inline.get(offset) if tensor.shared.region == self._mark else None
         if size is None:  # a marker this reader did not write
-            raise ValueError(f"tensor refers to region {MARK!r}, which is not a region")
+            raise ValueError(f"tensor refers to region {tensor.shared.region!r}, which is not a region")
         wire = codec.wire_dtype(tensor.dtype)
         shape = codec.message_shape(tensor)
         if any(d < 0 for d in shape):
@@ -210,13 +219,14 @@ class Reader:
         inline: dict[int, int] = {}
         if len(raw) < THRESHOLD:
             return Received(self.message_type.FromString(raw), raw, inline)
+        mark = MARK + secrets.token_hex(8)
         try:
-            pieces = self._rewrite(raw, 0, len(raw), 0, inline)
+            pieces = self._rewrite(raw, 0, len(raw), 0, inline, mark)
         except Unexpected:
             return Received(self.message_type.FromString(raw), raw, {})
-        return Received(self.message_type.FromString(b"".join(pieces)), raw, inline)
+        return Received(self.message_type.FromString(b"".join(pieces)), raw, inline, mark)
 
-    def _rewrite(self, raw, at: int, end: int, depth: int, inline: dict) -> list:
+    def _rewrite(self, raw, at: int, end: int, depth: int, inline: dict, mark: str) -> list:
         view = memoryview(raw)
         pieces, kept = [], at  # raw[kept:start] is copied as it is
         for number, wire_type, start, value, stop in _fields(raw, at, end):
@@ -225,10 +235,10 @@ class Reader:
             if depth < len(self._levels):
                 if number != self._levels[depth]:
                     continue
-                inner = self._rewrite(raw, value, stop, depth + 1, inline)
+                inner = self._rewrite(raw, value, stop, depth + 1, inline, mark)
                 pieces += [view[kept:start], _tag(number, LEN), _varint(sum(len(p) for p in inner)), *inner]
             elif number in self._maps:
-                entry = self._entry(raw, value, stop, inline)
+                entry = self._entry(raw, value, stop, inline, mark)
                 if entry is None:
                     continue
                 pieces += [view[kept:start], _tag(number, LEN), _varint(len(entry)), entry]
@@ -239,7 +249,7 @@ class Reader:
         return pieces
 
     @staticmethod
-    def _entry(raw, at: int, end: int, inline: dict) -> bytes | None:
+    def _entry(raw, at: int, end: int, inline: dict, mark: str) -> bytes | None:
         """The map entry in raw[at:end] with its tensor's bytes replaced by a marker, or None to
         keep it as it is (a shared tensor, a field this reader does not know)."""
         key = tensor = None
@@ -263,6 +273,6 @@ class Reader:
         if data is None:
             return None
         inline[data[0]] = data[1] - data[0]
-        marker = pb.SharedMemoryRef(region=MARK, offset=data[0]).SerializeToString()
+        marker = pb.SharedMemoryRef(region=mark, offset=data[0]).SerializeToString()
         value = b"".join(head) + _tag(4, LEN) + _varint(len(marker)) + marker
         return (bytes(raw[key[0]:key[1]]) if key else b"") + _tag(2, LEN) + _varint(len(value)) + value

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
-from semigrad import codec
+from semigrad import codec, wire
 from semigrad.paths import BestPaths
 from semigrad.v1 import semigrad_pb2 as pb
 
@@ -13,6 +13,7 @@ from ..engine.specs import EvaluateSpec, GradientSpec, HookRequest
 from ..errors import InvalidArgument, ResourceExhausted, quoted
 from ..ir import MAX_RANK, Graph, InputSpec, Node, OpDefinition, Type
 from ..ops.base import OpDef
+from . import status
 from .shared_memory import Session, Writer
 
 # Request fields the servicer acts on itself rather than the engine: where the response's tensors
@@ -33,6 +34,9 @@ def tensor_to_array(tensor: pb.Tensor, what: str, shared: Session | None = None)
         raise InvalidArgument(f"{what}: a tensor of rank {len(tensor.shape)}; values have at most {MAX_RANK} "
                               f"dimensions, batch dimensions included")
     if tensor.WhichOneof("payload") == "shared":
+        array = status.received_array(tensor, what)  # bytes of this request, read by wire.Reader
+        if array is not None:
+            return array
         if shared is None:
             raise InvalidArgument(f"{what}: shared-memory tensors are only accepted in the inputs and seeds of "
                                   "Evaluate, Gradient, GradientStream and GradientWithHooks requests")
@@ -211,15 +215,40 @@ def best_paths_of(request: pb.GradientRequest):
     return tuple((ref.input, tuple(ref.index)) for ref in request.best_paths) if request.best_paths else ()
 
 
+def with_tensors(response, maps: Mapping[str, Mapping[str, np.ndarray]], writer: Writer | None = None,
+                 spliced: bool = False):
+    """`response` with its tensor map fields filled ({field: {key: array}}, in this order): into
+    the request's shared-memory output region (`writer`) as far as they fit, the rest written in
+    place; or, `spliced` and at wire.THRESHOLD bytes or more without a region, a wire.Outgoing
+    that copies each array's bytes once, into the serialized response."""
+    if spliced and writer is None and sum(getattr(a, "nbytes", 0) for m in maps.values() for a in m.values()) \
+            >= wire.THRESHOLD:
+        return wire.Outgoing(response, maps)
+    for field, arrays in maps.items():
+        if arrays:
+            put_tensors(getattr(response, field), arrays, writer)
+    return response
+
+
 def gradient_response(result, writer: Writer | None = None,
-                      response: pb.GradientResponse | None = None) -> pb.GradientResponse:
+                      response: pb.GradientResponse | None = None, spliced: bool = False):
     """`writer`: the request's shared-memory output region, filled in this order (gradients first).
     The tensors are written in place (put_tensors) into `response` (a new one by default), not
-    built and copied in."""
+    built and copied in; `spliced`: the gradients and outputs as `with_tensors` writes them (a
+    wire.Outgoing when large)."""
     response = pb.GradientResponse() if response is None else response
+    if spliced and writer is None:  # the other fields first: a wire.Outgoing's message is complete
+        _rest_of_response(result, response, writer)
+        return with_tensors(response, {"gradients": result.gradients, "outputs": result.outputs}, writer, spliced)
     put_tensors(response.gradients, result.gradients, writer)
     if result.outputs:
         put_tensors(response.outputs, result.outputs, writer)
+    _rest_of_response(result, response, writer)
+    return response
+
+
+def _rest_of_response(result, response: pb.GradientResponse, writer: Writer | None) -> None:
+    """Everything of a gradient's response but its gradients and outputs."""
     if result.components:
         for x, parts in result.components.items():
             put_tensors(response.components[x].tensors, parts, writer)
@@ -233,7 +262,6 @@ def gradient_response(result, writer: Writer | None = None,
     if result.semirings:
         for name, part in result.semirings.items():
             gradient_response(part, writer, response.semirings[name])
-    return response
 
 
 def put_paths(table: pb.PathTable, paths: BestPaths, writer: Writer | None = None) -> None:

@@ -78,7 +78,7 @@ def build_server(address: str = "127.0.0.1:0", *, limits: Limits | None = None, 
                          options=options, interceptors=(interceptor,))
     # The generated add_GraphServiceServicer_to_server, with request decoding that never raises (status.py).
     shared = SharedMemory(enabled=shared_memory, max_elements=limits.max_request_elements)
-    status.add_service(GraphServicer(engine, shared), server, SERVICE, pb)
+    status.add_service(GraphServicer(engine, shared, spliced=True), server, SERVICE, pb)
     health_servicer = _health_servicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):

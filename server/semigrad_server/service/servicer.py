@@ -7,6 +7,7 @@ import logging
 import time
 
 import grpc
+from semigrad import wire
 from semigrad.v1 import semigrad_pb2 as pb
 from semigrad.v1 import semigrad_pb2_grpc as pb_grpc
 
@@ -87,11 +88,14 @@ def _graph_of(request) -> str:
 
 
 class GraphServicer(pb_grpc.GraphServiceServicer):
-    """`shared_memory`: the worker's view of same-host clients' shared-memory regions (default: enabled)."""
+    """`shared_memory`: the worker's view of same-host clients' shared-memory regions (default: enabled).
+    `spliced`: large responses go to gRPC as wire.Outgoing, their tensors' bytes copied once, into
+    the serialized response (a server's; in process the client reads the messages themselves)."""
 
-    def __init__(self, engine: Engine, shared_memory: SharedMemory | None = None):
+    def __init__(self, engine: Engine, shared_memory: SharedMemory | None = None, *, spliced: bool = False):
         self.engine = engine
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemory()
+        self.spliced = spliced
         self.streams = StreamSlots(engine.limits)
 
     def idle_seconds(self) -> float:
@@ -141,16 +145,14 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
             spec = convert.evaluate_spec(request, shared)
             writer = shared.writer(request.output_region) if request.HasField("output_region") else None
             outputs, nodes = self.engine.run_evaluate(spec, deadline.deadline())
-            response = pb.EvaluateResponse()
-            convert.put_tensors(response.outputs, outputs, writer)
-            convert.put_tensors(response.nodes, nodes, writer)
-            return response
+            return convert.with_tensors(pb.EvaluateResponse(), {"outputs": outputs, "nodes": nodes}, writer,
+                                        self.spliced)
 
     @rpc
     def Gradient(self, request, context):
-        return self._gradient(request, context, deadline.deadline())
+        return self._gradient(request, context, deadline.deadline(), spliced=self.spliced)
 
-    def _gradient(self, request, context, until, hook_run=None):
+    def _gradient(self, request, context, until, hook_run=None, spliced=False):
         convert.check_lists(request, self.engine.limits)
         with self.shared_memory.session(context.peer) as shared, held_until_answered():
             inputs = convert.tensors_to_arrays(request.inputs, "input", shared)
@@ -166,7 +168,7 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                 if spec is None:
                     spec = convert.gradient_spec(request, shared, inputs)
                 result = self.engine.run_gradient(spec, until, hook_run)
-            return convert.gradient_response(result, writer)  # its tensors' bytes: bounded before the work
+            return convert.gradient_response(result, writer, spliced=spliced)  # its bytes: bounded before the work
 
     def GradientWithHooks(self, request_iterator, context):
         start, code = time.perf_counter(), grpc.StatusCode.OK
@@ -222,8 +224,10 @@ class GraphServicer(pb_grpc.GraphServiceServicer):
                 break
             try:
                 with deadline.serving(bound):
-                    response = pb.GradientStreamResponse(
-                        chunk=message.chunk, response=self._gradient(message.request, context, bound.deadline))
+                    answer = self._gradient(message.request, context, bound.deadline, spliced=self.spliced)
+                response = (answer.inside(pb.GradientStreamResponse(chunk=message.chunk), "response")
+                            if isinstance(answer, wire.Outgoing) else
+                            pb.GradientStreamResponse(chunk=message.chunk, response=answer))
             except Exception as e:  # noqa: BLE001 - reported in the chunk; the stream and the server go on
                 counts[1] += 1
                 chunk_code, chunk_detail = status.status_of(e, f"GradientStream chunk {message.chunk}")

@@ -12,16 +12,22 @@ RESOURCE_EXHAUSTED "metadata size exceeds hard limit" instead of the real error.
 Requests are decoded by `decoder`, which never raises: bytes that are not a valid message
 (or hold invalid UTF-8 in a string field) reach the handler as an `Undecodable`, answered
 INVALID_ARGUMENT, where grpcio's own decoding would answer INTERNAL before any handler ran.
+A large Gradient or Evaluate request is decoded as the client decodes large responses
+(semigrad.wire.Reader): its inline tensors are read as views of the received bytes, not copied
+into the message and out again (two copies of every input: 0.85 of a det4 batch's 1.7 ms of
+server-side decoding and encoding at 10,000 matrices).
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import secrets
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import grpc
+from semigrad import wire
 
 from .. import errors
 
@@ -67,13 +73,25 @@ class Undecodable:
         return errors.InvalidArgument(f"the request is not a valid {self.message}: {self.error}")
 
 
+# Requests of these types at wire.THRESHOLD bytes or more are decoded by wire.Reader: the path to
+# the message whose tensor maps it reads as views. (A stream's messages are read one at a time,
+# each before the next is decoded; a marker names the message it was written for.)
+TENSOR_REQUESTS = {"semigrad.v1.GradientRequest": (), "semigrad.v1.EvaluateRequest": (),
+                   "semigrad.v1.GradientStreamRequest": ("request",)}
+# The received bytes of the request the current call decoded by wire.Reader (set by `decoded`).
+RECEIVED: contextvars.ContextVar[wire.Received | None] = contextvars.ContextVar("semigrad_received", default=None)
+
+
 def decoder(message_class) -> Callable[[bytes], object]:
-    """A request deserializer for gRPC that returns an `Undecodable` instead of raising."""
+    """A request deserializer for gRPC that returns an `Undecodable` instead of raising (and a
+    wire.Received for a large request of a TENSOR_REQUESTS type)."""
     name = message_class.DESCRIPTOR.full_name
+    parse = message_class.FromString
+    reader = wire.Reader(message_class, TENSOR_REQUESTS[name]) if name in TENSOR_REQUESTS else None
 
     def decode(data: bytes):
         try:
-            return message_class.FromString(data)
+            return parse(data) if reader is None or len(data) < wire.THRESHOLD else reader(data)
         except Exception as e:  # noqa: BLE001 - DecodeError, or whatever the protobuf runtime raises
             return Undecodable(name, bounded(str(e) or type(e).__name__, 200))
 
@@ -81,10 +99,26 @@ def decoder(message_class) -> Callable[[bytes], object]:
 
 
 def decoded(request):
-    """`request` itself, or the INVALID_ARGUMENT refusal of one that did not decode."""
+    """The request message, or the INVALID_ARGUMENT refusal of one that did not decode. A
+    wire.Received becomes the current call's RECEIVED (its tensors read by `received_array`)."""
+    if isinstance(request, wire.Received):
+        RECEIVED.set(request)
+        return request.message
     if isinstance(request, Undecodable):
         raise request.refusal()
     return request
+
+
+def received_array(tensor, what: str):
+    """The array of a tensor wire.Reader marked in the current call's request (its bytes a view
+    of the received bytes), or None for any other tensor."""
+    received = RECEIVED.get()
+    if received is None or tensor.WhichOneof("payload") != "shared" or not tensor.shared.region.startswith(wire.MARK):
+        return None
+    try:
+        return received.read(tensor)
+    except ValueError as e:
+        raise errors.InvalidArgument(f"{what}: {e}") from None
 
 
 def decoded_stream(requests) -> Iterator:
@@ -115,6 +149,6 @@ def add_service(servicer, server: grpc.Server, service, messages) -> None:
         response_class = getattr(messages, method.output_type.name)
         handlers[method.name] = kinds[method.client_streaming, method.server_streaming](
             getattr(servicer, method.name), request_deserializer=decoder(request_class),
-            response_serializer=response_class.SerializeToString)
+            response_serializer=wire.serialize)  # (messages, and responses written by wire.Outgoing)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
