@@ -109,12 +109,17 @@ def test_a_map_value_given_twice_is_merged_as_protobuf_merges_it():
     assert np.array_equal(received.read(received.message.gradients["x"]), data)
 
 
-@pytest.mark.parametrize("mangle", ["truncated", "length past the end", "group wire type"])
+@pytest.mark.parametrize("mangle", ["truncated", "length past the end", "group wire type", "tag in two bytes",
+                                    "length in two bytes", "length in six bytes"])
 def test_bytes_the_reader_does_not_understand_are_protobufs_to_refuse_or_read(mangle):
+    """(Varints longer than they need be: the reader writes tags and lengths back in their
+    shortest form, so it leaves them to protobuf, which reads some and refuses others.)"""
     response = plain(pb.GradientResponse(), {"gradients": {"x": np.arange(4.0)}})
     raw = response.SerializeToString()
     bad = {"truncated": raw[:-3], "length past the end": raw[:1] + b"\xff\x01" + raw[2:],
-           "group wire type": b"\x0b" + raw}[mangle]
+           "group wire type": b"\x0b" + raw, "tag in two bytes": bytes([raw[0] | 0x80, 0]) + raw[1:],
+           "length in two bytes": raw[:1] + bytes([raw[1] | 0x80, 0]) + raw[2:],
+           "length in six bytes": raw[:1] + bytes([raw[1] | 0x80]) + b"\x80" * 4 + b"\x00" + raw[2:]}[mangle]
     try:
         expected = pb.GradientResponse.FromString(bad)
     except Exception as error:  # noqa: BLE001 (protobuf's DecodeError)
@@ -135,3 +140,17 @@ def test_a_marker_the_reader_did_not_write_is_refused():
         received = wire.Reader(pb.GradientResponse)(response.SerializeToString())
     with pytest.raises(ValueError, match="not a region"):
         received.read(received.message.gradients["x"])
+
+
+@pytest.mark.parametrize("names", [3, 4])
+def test_a_message_of_more_fields_than_the_reader_walks_is_protobufs(names):
+    """wire.MAX_FIELDS crossed (patched to 10): graph_id, `names` wrt names, one map entry (its
+    key and value) and its tensor (dtype, shape, data) are 7 + names fields."""
+    request = plain(pb.GradientRequest(graph_id="g", wrt=["w"] * names), {"inputs": {"x": np.arange(4.0)}})
+    raw = request.SerializeToString()
+    with mock.patch.object(wire, "THRESHOLD", 0), mock.patch.object(wire, "MAX_FIELDS", 10):
+        received = wire.Reader(pb.GradientRequest)(raw)
+    assert len(received._inline) == (1 if names == 3 else 0)  # its tensor read as a view, or by protobuf
+    assert np.array_equal(received.read(received.message.inputs["x"]), np.arange(4.0))
+    if names == 4:
+        assert received.message == request
