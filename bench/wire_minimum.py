@@ -14,6 +14,10 @@ machine):
 - **protobuf + interceptor**: the same behind one grpc.ServerInterceptor that wraps the handler,
   reads the call's deadline and sets a context variable (what any service that authenticates,
   scopes tenants or bounds time per call does at least);
+- **protobuf + interceptor + engine**: the same, its handler computing the gradient by semigrad's
+  engine (the graph registered through the semigrad server, whose engine it shares) as the
+  in-process client's hot path calls it: what is left of a semigrad server without its checks,
+  tenancy, quotas, request ids, logs and statuses;
 - **semigrad**: `semigrad serve`'s server, called through the client library.
 
 Each is timed in alternation with the others (blocks of 20 calls), with the in-process client
@@ -56,6 +60,18 @@ def minimal_gradient(request: pb.GradientRequest, context) -> pb.GradientRespons
     return response
 
 
+def engine_gradient(service):
+    def gradient(request: pb.GradientRequest, context) -> pb.GradientResponse:
+        inputs = {name: codec.inline_array(request.inputs[name]) for name in request.inputs}
+        gradients, _ = service.gradient(request.graph_id, inputs, tuple(request.wrt), (), False, "auto", None)
+        response = pb.GradientResponse()
+        for name, value in gradients.items():
+            codec.write_tensor(response.gradients[name], value)
+        return response
+
+    return gradient
+
+
 class DeadlineInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, details):
         handler = continuation(details)
@@ -72,16 +88,22 @@ def serve_child() -> None:
     from semigrad_server.allocator import reuse_freed_memory
     from semigrad_server.service import build_server
 
+    from semigrad_server.service.local import LocalService
+
     reuse_freed_memory()  # as a worker of `semigrad serve` does
-    semigrad_server, port, _ = build_server("127.0.0.1:0")
+    semigrad_server, port, engine = build_server("127.0.0.1:0")
     semigrad_server.start()
     servers, ports = [semigrad_server], [port]
     gradient = grpc.unary_unary_rpc_method_handler(minimal_gradient, pb.GradientRequest.FromString,
+                                                   pb.GradientResponse.SerializeToString)
+    computed = grpc.unary_unary_rpc_method_handler(engine_gradient(LocalService(engine)), pb.GradientRequest.FromString,
                                                    pb.GradientResponse.SerializeToString)
     for handlers, interceptors in (
             ((echo_handler(),), ()),
             ((grpc.method_handlers_generic_handler(MINIMAL_SERVICE, {"Gradient": gradient}),), ()),
             ((grpc.method_handlers_generic_handler(MINIMAL_SERVICE, {"Gradient": gradient}),),
+             (DeadlineInterceptor(),)),
+            ((grpc.method_handlers_generic_handler(MINIMAL_SERVICE, {"Gradient": computed}),),
              (DeadlineInterceptor(),))):
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=interceptors)
         server.add_generic_rpc_handlers(handlers)
@@ -120,7 +142,7 @@ def main() -> None:
     child = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     try:
-        port, echo_port, minimal_port, intercepted_port = map(int, child.stdout.readline().split())
+        port, echo_port, minimal_port, intercepted_port, computed_port = map(int, child.stdout.readline().split())
         w = WORKLOADS[args.workload]
         wrt = list(w.wrt)
         x = {k: np.asarray(v) for k, v in w.single.sample(np.random.default_rng(), None).items()}
@@ -143,10 +165,13 @@ def main() -> None:
         message = len(answer).to_bytes(8, "little") + b"\0" * (request.ByteSize() - 8)
         minimal = minimal_client(grpc.insecure_channel(f"127.0.0.1:{minimal_port}"), g.id, wrt)
         intercepted = minimal_client(grpc.insecure_channel(f"127.0.0.1:{intercepted_port}"), g.id, wrt)
+        computed = minimal_client(grpc.insecure_channel(f"127.0.0.1:{computed_port}"), g.id, wrt)
         for name, value in x.items():
             assert np.array_equal(minimal(x)[name], value) and np.array_equal(intercepted(x)[name], value)
+        check(computed(x), w.reference_gradient(x), f"{args.workload} (protobuf + interceptor + engine)")
         calls = {"in-process": lambda: g_local.gradient(x, wrt=wrt), "echo": lambda: echo(message),
                  "protobuf": lambda: minimal(x), "protobuf + interceptor": lambda: intercepted(x),
+                 "protobuf + interceptor + engine": lambda: computed(x),
                  "semigrad": lambda: g.gradient(x, wrt=wrt)}
         times = {k: [] for k in calls}
         for _ in range(args.blocks):
