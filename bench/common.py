@@ -36,6 +36,19 @@ def settle(timeout: float = 300.0) -> float:
             t.join(max(0.0, deadline - time.perf_counter()))
 
 
+def alternated_blocks(calls: dict[str, Callable[[], object]], blocks: int, per_block: int = 20) -> dict[str, list[float]]:
+    """µs per call of each of `calls`, one figure per block of `per_block` calls, the calls' blocks
+    taken in turn `blocks` times (a noisy machine disturbs them alike)."""
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(blocks):
+        for k, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(per_block):
+                call()
+            times[k].append((time.perf_counter() - start) / per_block * 1e6)
+    return times
+
+
 def median_latency(call: Callable[[], object], *, budget: float, min_reps: int = 20,
                    warmup: float | None = None) -> tuple[float, int]:
     """Median wall time of one `call()` in seconds, and the number of timed calls.

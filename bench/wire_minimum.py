@@ -33,7 +33,6 @@ import contextvars
 import statistics
 import subprocess
 import sys
-import time
 from concurrent import futures
 from pathlib import Path
 
@@ -43,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import semigrad  # noqa: E402
-from common import settle  # noqa: E402
+from common import alternated_blocks, settle  # noqa: E402
 from inprocess import WORKLOADS  # noqa: E402
 from semigrad import codec  # noqa: E402
 from semigrad.v1 import semigrad_pb2 as pb  # noqa: E402
@@ -173,13 +172,7 @@ def main() -> None:
                  "protobuf": lambda: minimal(x), "protobuf + interceptor": lambda: intercepted(x),
                  "protobuf + interceptor + engine": lambda: computed(x),
                  "semigrad": lambda: g.gradient(x, wrt=wrt)}
-        times = {k: [] for k in calls}
-        for _ in range(args.blocks):
-            for k, call in calls.items():
-                start = time.perf_counter()
-                for _ in range(20):
-                    call()
-                times[k].append((time.perf_counter() - start) / 20 * 1e6)
+        times = alternated_blocks(calls, args.blocks)
         median = {k: statistics.median(v) for k, v in times.items()}
         best = {k: min(v) for k, v in times.items()}
         floor, floor_best = median["in-process"] + median["echo"], best["in-process"] + best["echo"]

@@ -17,7 +17,6 @@ import argparse
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -26,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import semigrad  # noqa: E402
+from common import alternated_blocks  # noqa: E402
 from inprocess import WORKLOADS  # noqa: E402
 from semigrad.v1 import semigrad_pb2 as pb  # noqa: E402
 from wire_floor import ECHO_SERVICE, check  # noqa: E402
@@ -57,13 +57,7 @@ def main() -> None:
         echo = grpc.insecure_channel(f"127.0.0.1:{echo_port}").unary_unary(f"/{ECHO_SERVICE}/Unary")
         message = len(answer).to_bytes(8, "little") + b"\0" * (len(raw) - 8)
         calls = {"echo": lambda: echo(message), "server": lambda: server(raw), "client": lambda: g.gradient(x, wrt=wrt)}
-        times = {k: [] for k in calls}
-        for _ in range(args.blocks):
-            for k, call in calls.items():
-                start = time.perf_counter()
-                for _ in range(20):
-                    call()
-                times[k].append((time.perf_counter() - start) / 20 * 1e6)
+        times = alternated_blocks(calls, args.blocks)
         median = {k: statistics.median(v) for k, v in times.items()}
         print(f"| {args.workload} single point | µs (median of {args.blocks} blocks) | least disturbed block |")
         print("| --- | ---: | ---: |")

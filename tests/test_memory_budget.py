@@ -189,10 +189,10 @@ def test_a_request_holds_its_reservation_until_its_response_is_built(kind, monke
     reserved_then = []
     build = convert.gradient_response
 
-    def building(result, writer):
+    def building(result, writer, **how):
         steps = len(result.best_paths.step_node) if result.best_paths else 0
         reserved_then.append(engine.memory.reserved - steps * PATH_STEP_BYTES)  # the plan's, beside the paths'
-        return build(result, writer)
+        return build(result, writer, **how)
 
     monkeypatch.setattr(convert, "gradient_response", building)
     grpc_server, port, _ = build_server("127.0.0.1:0", limits=Limits(), engine=engine)
