@@ -171,7 +171,7 @@ def bert_projection() -> sg.Graph:
     return g
 
 
-@pytest.mark.parametrize("batch", [76, 77, 1000])
+@pytest.mark.parametrize("batch", [76, 77, 250])  # 250: past 167, where evaluate was refused
 def test_a_bert_width_layer_over_a_batch_of_sentences_with_a_shared_weight(clients, rng, batch):
     """sum(tanh(x) @ W) over `batch` sentences of 8 tokens, W (768 × 3072) shared: the limits count
     W and what is made from it alone once, not per sentence (counted per sentence, 2.4 M elements
