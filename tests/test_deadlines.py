@@ -237,7 +237,7 @@ def test_top_paths_stop_at_the_deadline_within_a_k_best_step(stub, rpc_log):
         assert call_with_deadline(stub.Gradient, request, 60.0) == grpc.StatusCode.OK
         whole = min(whole, time.perf_counter() - started)
     seen = 3
-    for fraction in (0.25, 0.5, 0.7):
+    for fraction in (0.2, 0.35, 0.5):  # (0.7 once finished in time: this host's calls vary by a third)
         assert call_with_deadline(stub.Gradient, request, fraction * whole) == grpc.StatusCode.DEADLINE_EXCEEDED
         assert_stopped_in_time(server_line(rpc_log, "Gradient", seen=seen), within=2 * OVERRUN)
         seen += 1
