@@ -154,3 +154,34 @@ def test_a_message_of_more_fields_than_the_reader_walks_is_protobufs(names):
     assert np.array_equal(received.read(received.message.inputs["x"]), np.arange(4.0))
     if names == 4:
         assert received.message == request
+
+
+@settings(max_examples=100, deadline=None)
+@given(inputs=tensor_maps, seeds=tensor_maps, graph_id=names, wrt=st.lists(names, max_size=2), nested=st.booleans())
+def test_a_request_the_server_reads_gives_what_protobuf_gives(inputs, seeds, graph_id, wrt, nested):
+    """The server's side (service/status.py): a request decoded as large ones are, its tensors read
+    as the servicer reads them (convert.tensors_to_arrays), against protobuf's parse of the bytes."""
+    import contextvars
+
+    from semigrad_server.service import convert, status
+
+    request = plain(pb.GradientRequest(graph_id=graph_id, wrt=wrt), {"inputs": inputs, "seeds": seeds})
+    message = pb.GradientStreamRequest(chunk=1, request=request) if nested else request
+    raw = message.SerializeToString()
+    expected = type(message).FromString(raw)
+
+    def read():
+        decoded = status.decoded(status.decoder(type(message))(raw))
+        inner = decoded.request if nested else decoded
+        assert (inner.graph_id, list(inner.wrt)) == (graph_id, wrt)
+        return {field: convert.tensors_to_arrays(getattr(inner, field), field) for field in ("inputs", "seeds")}
+
+    with mock.patch.object(wire, "THRESHOLD", 0):
+        got = contextvars.copy_context().run(read)
+    want = expected.request if nested else expected
+    for field in ("inputs", "seeds"):
+        assert got[field].keys() == getattr(want, field).keys()
+        for key, array in got[field].items():
+            reference = codec.from_tensor(getattr(want, field)[key])
+            assert array.dtype == reference.dtype and array.shape == reference.shape
+            assert array.tobytes() == reference.tobytes() and not array.flags.writeable
