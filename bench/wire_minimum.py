@@ -20,8 +20,8 @@ machine):
   tenancy, quotas, request ids, logs and statuses;
 - **semigrad**: `semigrad serve`'s server, called through the client library.
 
-Each is timed in alternation with the others (blocks of 20 calls), with the in-process client
-alongside; the ratio is each remote call ÷ (in-process + echo).
+Each is timed in alternation with the others (blocks of 20 calls, each call on a point of its
+own), with the in-process client alongside; the ratio is each remote call ÷ (in-process + echo).
 
     .venv/bin/python bench/wire_minimum.py [--workload det4] [--blocks 40]
 """
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import itertools
 import statistics
 import subprocess
 import sys
@@ -168,10 +169,13 @@ def main() -> None:
         for name, value in x.items():
             assert np.array_equal(minimal(x)[name], value) and np.array_equal(intercepted(x)[name], value)
         check(computed(x), w.reference_gradient(x), f"{args.workload} (protobuf + interceptor + engine)")
-        calls = {"in-process": lambda: g_local.gradient(x, wrt=wrt), "echo": lambda: echo(message),
-                 "protobuf": lambda: minimal(x), "protobuf + interceptor": lambda: intercepted(x),
-                 "protobuf + interceptor + engine": lambda: computed(x),
-                 "semigrad": lambda: g.gradient(x, wrt=wrt)}
+        rng = np.random.default_rng()  # every call its own point (drawn before timing, taken in turn)
+        points = itertools.cycle([{k: np.asarray(v) for k, v in w.single.sample(rng, None).items()}
+                                  for _ in range(256)])
+        calls = {"in-process": lambda: g_local.gradient(next(points), wrt=wrt), "echo": lambda: echo(message),
+                 "protobuf": lambda: minimal(next(points)), "protobuf + interceptor": lambda: intercepted(next(points)),
+                 "protobuf + interceptor + engine": lambda: computed(next(points)),
+                 "semigrad": lambda: g.gradient(next(points), wrt=wrt)}
         times = alternated_blocks(calls, args.blocks)
         median = {k: statistics.median(v) for k, v in times.items()}
         best = {k: min(v) for k, v in times.items()}
